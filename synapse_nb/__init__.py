@@ -1,0 +1,32 @@
+"""synapse_nb: greedy decoding of Llama-family GGUF models with Numba kernels.
+
+Modules, one concern each:
+  errors      SynapseError, the one exception class users see
+  gguf_file   memory-mapped GGUF reader (header, key/values, tensor table)
+  hparams     HParams, a frozen dataclass read from GGUF keys
+  models      models.txt: the real models we test on, and fetching them
+  formats     ggml block formats: layouts and NumPy references
+  kernels/    Numba kernels: activation quantizers, dots, matvec/matmul, attention
+  model       the Llama-family graph (Model, forward)
+  session     KV cache, prefill/decode loop, prefill check
+  tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
+"""
+
+from .errors import SynapseError
+
+__all__ = ["SynapseError", "load_model", "load_tokenizer"]
+__version__ = "0.1.0"
+
+
+def load_model(path):
+    """Load a GGUF model (path or models.txt name); see synapse_nb.model.load_model."""
+    from .model import load_model as _load
+
+    return _load(path)
+
+
+def load_tokenizer(path):
+    """Load the tokenizer of a GGUF file; see synapse_nb.tokenizer.load_tokenizer."""
+    from .tokenizer import load_tokenizer as _load
+
+    return _load(path)
