@@ -1,0 +1,306 @@
+"""llama-decode: greedy decoding of a GGUF model, as llama.cpp's completion tool.
+
+The command only parses arguments, calls the library and prints: generated
+text (or JSON, or token ids) on stdout; logs, progress and timings on stderr.
+Exit status: 0 success, 1 internal error, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
+
+
+def _log(msg: str, end: str = "\n") -> None:
+    sys.stderr.write(msg + end)
+    sys.stderr.flush()
+
+
+def _parse_token_list(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
+    if not ids:
+        raise click.BadParameter("empty token list", param_hint="--tokens")
+    return ids
+
+
+def _read_prompt(prompt: str | None, file: str | None) -> str:
+    if file is not None and prompt is not None:
+        raise click.UsageError("give the prompt either as an argument or with -f/--file, not both")
+    if file is not None:
+        try:
+            with open(file, "rb") as f:
+                return f.read().decode("utf-8", errors="replace")
+        except OSError as e:
+            raise click.BadParameter(f"{file}: {e.strerror}", param_hint="-f/--file")
+    if prompt == "-":
+        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    return prompt if prompt is not None else ""
+
+
+class _Compiling:
+    """stderr progress for the first-run kernel compile ("compiling kernels, first run only")."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.shown = False
+        self.t0 = time.perf_counter()
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        # Cached kernels load in milliseconds; only a real compile is announced.
+        if not self.shown and time.perf_counter() - self.t0 < 0.5 and not self.verbose:
+            return
+        self.shown = True
+        _log(f"\rcompiling kernels, first run only: {done}/{total} {name:<40.40}", end="")
+
+    def finish(self) -> None:
+        if self.shown:
+            _log(f"\rcompiling kernels, first run only: done in {time.perf_counter() - self.t0:.1f} s" + " " * 30)
+
+
+def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
+         no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out,
+         prefill_check, verbose):
+    import numpy as np
+
+    from synapse_nb import SynapseError
+    from synapse_nb.models import resolve_model
+    from synapse_nb.model import load_model
+
+    if n_predict < 0:
+        raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
+    if batch_size < 1:
+        raise click.BadParameter("must be >= 1", param_hint="-b/--batch-size")
+    if threads is not None and threads < 1:
+        raise click.BadParameter("must be >= 1", param_hint="-t/--threads")
+    if logits_out is not None and not logits_out.endswith(".npy"):
+        raise click.BadParameter("must end in .npy", param_hint="--logits-out")
+    if logits_out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(logits_out))):
+        raise click.BadParameter(f"{logits_out}: no such directory", param_hint="--logits-out")
+
+    t_start = time.perf_counter()
+    path = resolve_model(model_arg)
+    model = load_model(path)
+    tok = model.tokenizer
+    t_loaded = time.perf_counter()
+    if verbose:
+        hp = model.hparams
+        _log(f"loaded {path}: arch {hp.arch}, n_layer {hp.n_layer}, n_embd {hp.n_embd}, n_vocab {hp.n_vocab} "
+             f"in {1e3 * (t_loaded - t_start):.0f} ms")
+
+    # The prompt as token ids.
+    if tokens is not None:
+        if prompt is not None or file is not None:
+            raise click.UsageError("--tokens replaces the prompt text; give one or the other")
+        prompt_ids = _parse_token_list(tokens)
+        bad = [t for t in prompt_ids if not 0 <= t < model.hparams.n_vocab]
+        if bad:
+            raise SynapseError(f"--tokens: id {bad[0]} is outside the vocabulary [0, {model.hparams.n_vocab})")
+    else:
+        text = _read_prompt(prompt, file)
+        prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
+
+    if tokenize_only:
+        click.echo(json.dumps(prompt_ids))
+        return 0
+    if not prompt_ids:
+        raise SynapseError("the prompt is empty (no tokens to evaluate)")
+
+    n_threads = threads or os.cpu_count() or 1
+    session = model.new_session(n_ctx=ctx_size, n_threads=n_threads, n_batch=batch_size)
+    need = len(prompt_ids) + (0 if prefill_check else n_predict)
+    if need > session.n_ctx:
+        raise SynapseError(f"prompt ({len(prompt_ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the "
+                           f"context size n_ctx = {session.n_ctx}; raise -c/--ctx-size or shorten the prompt")
+
+    progress = _Compiling(verbose)
+    t_c = time.perf_counter()
+    model.warmup(progress=progress)
+    progress.finish()
+    compile_ms = 1e3 * (time.perf_counter() - t_c)
+
+    if prefill_check:
+        from synapse_nb.session import prefill_check as _check
+
+        result = _check(model, prompt_ids, n_ctx=session.n_ctx, n_threads=n_threads, n_batch=batch_size)
+        click.echo(str(result))
+        return 0 if result.ok else 1
+
+    # Prefill, then greedy decode; text streamed as tokens come.
+    want_rows = logits_out is not None
+    rows = []
+    stream = tok.stream_decoder() if not as_json else None
+    generated: list[int] = []
+    stop = "length"
+    out = sys.stdout.buffer
+    t_p0 = time.perf_counter()
+    logits = session.eval(prompt_ids, all_logits=want_rows)
+    t_p1 = time.perf_counter()
+    if want_rows:
+        rows.append(logits)
+        logits = logits[-1]
+    t_e0 = time.perf_counter()
+    n_evals = 0
+    try:
+        while len(generated) < n_predict:
+            nxt = int(np.argmax(logits))  # greedy; the lowest id wins a tie
+            generated.append(nxt)
+            if nxt in tok.eog_ids and not ignore_eos:
+                stop = "eog"
+                break
+            if stream is not None:
+                piece = stream.push(tok.token_to_piece(nxt, special=False))
+                if piece:
+                    out.write(piece)
+                    out.flush()
+            if len(generated) == n_predict:
+                break
+            logits = session.eval([nxt])
+            n_evals += 1
+            if want_rows:
+                rows.append(logits[None, :])
+    except KeyboardInterrupt:
+        stop = "interrupted"
+    t_e1 = time.perf_counter()
+    if stream is not None:
+        out.write(stream.flush() + b"\n")
+        out.flush()
+
+    if want_rows:
+        _save_npy(logits_out, np.concatenate(rows, axis=0).astype(np.float32), inputs=(str(path), file))
+
+    prompt_ms = 1e3 * (t_p1 - t_p0)
+    eval_ms = 1e3 * (t_e1 - t_e0)
+    timings = {
+        "load_ms": round(1e3 * (t_loaded - t_start), 2),
+        "compile_ms": round(compile_ms, 2),
+        "prompt_ms": round(prompt_ms, 2),
+        "prompt_tokens_per_s": round(len(prompt_ids) / (prompt_ms / 1e3), 2) if prompt_ms > 0 else None,
+        "eval_ms": round(eval_ms, 2),
+        "eval_tokens_per_s": round(n_evals / (eval_ms / 1e3), 2) if n_evals and eval_ms > 0 else None,
+        "n_threads": n_threads,
+    }
+    if as_json:
+        click.echo(json.dumps({
+            "model": str(path),
+            "prompt_tokens": prompt_ids,
+            "tokens": generated,
+            "text": tok.detokenize(generated, special=False),
+            "stop": stop,
+            "timings": timings,
+        }))
+    _log(f"load time        = {timings['load_ms']:10.2f} ms")
+    if compile_ms >= 500:
+        _log(f"compile time     = {timings['compile_ms']:10.2f} ms")
+    _log(f"prompt eval time = {prompt_ms:10.2f} ms / {len(prompt_ids):5d} tokens"
+         f" ({timings['prompt_tokens_per_s'] or 0:8.2f} tokens per second)")
+    _log(f"       eval time = {eval_ms:10.2f} ms / {n_evals:5d} runs  "
+         f" ({timings['eval_tokens_per_s'] or 0:8.2f} tokens per second)")
+    _log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} threads")
+    return EXIT_INTERRUPTED if stop == "interrupted" else 0
+
+
+def _save_npy(dest: str, array, inputs) -> None:
+    """Write ``array`` to ``dest`` atomically (temp file + rename); never onto an input file."""
+    import numpy as np
+
+    from synapse_nb import SynapseError
+
+    real = os.path.realpath(dest)
+    if any(p is not None and os.path.exists(p) and os.path.realpath(p) == real for p in inputs):
+        raise SynapseError(f"--logits-out {dest} is one of the inputs; it is not overwritten")
+    tmp = f"{dest}.tmp{os.getpid()}.npy"
+    try:
+        np.save(tmp, array)
+        os.replace(tmp, dest)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise SynapseError(f"--logits-out {dest}: {e.strerror}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("model")
+@click.argument("prompt", required=False)
+@click.option("-f", "--file", type=str, default=None, help="Read the prompt from this file.")
+@click.option("-n", "--n-predict", type=int, default=128, show_default=True, help="Tokens to generate.")
+@click.option("-c", "--ctx-size", type=int, default=None,
+              help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")
+@click.option("-b", "--batch-size", type=int, default=64, show_default=True, help="Prefill batch size.")
+@click.option("-t", "--threads", type=int, default=None, help="Threads [default: all cores].")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
+@click.option("--no-parse-special", is_flag=True, help="Treat special-token text in the prompt as plain text.")
+@click.option("--no-add-special", is_flag=True, help="Do not add BOS/EOS to the prompt.")
+@click.option("--tokens", type=str, default=None, metavar="ID,ID,...",
+              help="Prompt as token ids, used exactly as given (no BOS added).")
+@click.option("--tokenize", "tokenize_only", is_flag=True, help="Print the prompt's token ids as JSON and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--logits-out", type=str, default=None, metavar="PATH.npy",
+              help="Save float32 logits [n_prompt + n_generated - 1, n_vocab] (never overwrites).")
+@click.option("--prefill-check", is_flag=True,
+              help="Check that batched prefill equals token-by-token decoding bit for bit; exit 1 if not.")
+@click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors.")
+@click.version_option(version=None, package_name="synapse_nb", prog_name="llama-decode", message="%(prog)s %(version)s")
+def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
+                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose):
+    """Greedy continuation of PROMPT by the GGUF model MODEL, streamed to stdout.
+
+    MODEL is a GGUF file or a name from models.txt (fetch it first with
+    `python -m synapse_nb.models fetch NAME`). PROMPT '-' reads standard input.
+
+    \b
+    Examples:
+      llama-decode smollm2-135m-instruct-q4_1 "The capital of France is" -n 32
+      llama-decode model.gguf -f prompt.txt --json
+      llama-decode model.gguf "Hello" --prefill-check
+    """
+    from synapse_nb import SynapseError
+
+    try:
+        code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
+                    no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose)
+    except click.ClickException:
+        raise
+    except SynapseError as e:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        _log(f"error: {e}")
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        _log("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # stdout closed by the reader (e.g. `| head`): not an error of ours.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        finally:
+            sys.exit(0)
+    except Exception as e:  # an internal error: one line, traceback only with --verbose
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        _log(f"internal error: {type(e).__name__}: {e}")
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(code)
+
+
+def main() -> None:
+    """Console-script entry point of llama-decode."""
+    llama_decode(prog_name="llama-decode")
+
+
+if __name__ == "__main__":
+    main()
