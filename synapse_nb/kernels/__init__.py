@@ -1,0 +1,181 @@
+"""Numba kernels on GGUF weights: matmul, matvec, get_rows, dequantize, quantize_activations.
+
+Weights are TensorInfo-like objects (see synapse_nb.gguf_file): ``.name``, ``.ggml_type``
+(gguf.GGMLQuantizationType), ``.shape`` (numpy order: a weight is (n_out, n_in) = (M, K)) and
+``.data`` (uint8 1-D view of the memory-mapped bytes, never copied). Every wrapper validates
+shapes, dtypes and sizes in Python and raises SynapseError (one line naming the tensor) before a
+kernel runs; the kernels themselves do not bounds-check.
+
+Numerics: activations are converted to the weight's vec_dot_type exactly as ggml-cpu does on x86
+(Q8_0 / Q8_1 / Q8_K blocks, F16, BF16, or F32 unchanged), integer block dots are exact and the
+float accumulation reproduces ggml's AVX2/AVX-512 lane order (see kernels/legacy.py). Row n of
+``matmul(w, X)`` equals ``matvec(w, X[n])`` bit for bit, for any thread count.
+"""
+
+import numpy as np
+
+from ..errors import SynapseError
+from .. import formats as _F
+from . import matmul as _mm
+
+__all__ = ["matmul", "matvec", "get_rows", "dequantize", "quantize_activations", "supported_types"]
+
+
+def supported_types():
+    """ggml type names (e.g. 'Q4_0') that have kernels in this build."""
+    return sorted(_mm.KERNELS)
+
+
+def _tname(w):
+    return getattr(w, "name", "<tensor>")
+
+
+def _weight_rows(w):
+    """Validate a weight tensor and return (format, kernels, rows uint8 [M, row_bytes], M, K)."""
+    name = _tname(w)
+    try:
+        fmt = _F.format_of(w.ggml_type)
+    except KeyError:
+        raise SynapseError(f"tensor {name}: ggml type {w.ggml_type!r} is not supported") from None
+    kern = _mm.kernels_for(fmt.name, f"tensor {name}")
+    shape = tuple(int(s) for s in w.shape)
+    if len(shape) != 2:
+        raise SynapseError(f"tensor {name}: expected a 2-D weight (n_out, n_in), got shape {shape}")
+    m, k = shape
+    if m <= 0 or k <= 0 or k % fmt.block_size:
+        raise SynapseError(f"tensor {name}: n_in {k} is not a positive multiple of the {fmt.name} "
+                           f"block size {fmt.block_size}")
+    rb = fmt.row_bytes(k)
+    data = w.data
+    if not isinstance(data, np.ndarray) or data.ndim != 1:
+        raise SynapseError(f"tensor {name}: data must be a 1-D numpy array")
+    if data.dtype != np.uint8:
+        data = data.view(np.uint8) if data.flags.c_contiguous else None
+        if data is None or data.ndim != 1:
+            raise SynapseError(f"tensor {name}: data must be a contiguous byte array")
+    if not data.flags.c_contiguous:
+        raise SynapseError(f"tensor {name}: data is not contiguous")
+    if data.size != m * rb:
+        raise SynapseError(f"tensor {name}: {data.size} bytes of data, expected {m} rows x {rb} bytes "
+                           f"for {fmt.name} shape {shape}")
+    return fmt, kern, data.reshape(m, rb), m, k
+
+
+def _check_x(name, x, k, ndim):
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise SynapseError(f"tensor {name}: activations must be a float32 numpy array")
+    if x.ndim != ndim:
+        raise SynapseError(f"tensor {name}: activations must be {ndim}-D, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise SynapseError(f"tensor {name}: activations must be C-contiguous")
+    if x.shape[-1] != k:
+        raise SynapseError(f"tensor {name}: activations have {x.shape[-1]} columns, the weight has n_in {k}")
+
+
+def _check_out(name, out, shape):
+    if out is None:
+        return np.empty(shape, np.float32)
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise SynapseError(f"tensor {name}: out must be a writable C-contiguous float32 array of shape {shape}")
+    return out
+
+
+def quantize_activations(x, act_type):
+    """Convert float32 activations to a vec_dot_type ('Q8_0', 'Q8_1', 'Q8_K', 'F16', 'BF16', 'F32').
+
+    x: float32 C-contiguous [K] or [N, K], K a multiple of the block size (32, or 256 for Q8_K).
+    Returns uint8 [act_row_bytes] or [N, act_row_bytes]: ggml's block bytes, reproducing
+    ggml-cpu's from_float (x86 quantize_row_q8_0 / quantize_row_q8_1 / quantize_row_q8_K,
+    ggml_cpu_fp32_to_fp16 / _bf16). Raises SynapseError on bad input.
+    """
+    try:
+        afmt = _F.format_of(act_type)
+    except KeyError:
+        raise SynapseError(f"activation type {act_type!r} is not supported") from None
+    drivers = {"Q8_0": _mm._act_q8_0, "Q8_1": _mm._act_q8_1, "F16": _mm._act_f16,
+               "BF16": _mm._act_bf16, "F32": _mm._act_f32}
+    if _mm.KQ is not None:
+        drivers["Q8_K"] = _mm._act_q8_K
+    if afmt.name not in drivers:
+        raise SynapseError(f"activation type {afmt.name} has no converter")
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim not in (1, 2) or not x.flags.c_contiguous:
+        raise SynapseError("activations must be a C-contiguous float32 array of 1 or 2 dimensions")
+    k = x.shape[-1]
+    if k == 0 or k % afmt.block_size:
+        raise SynapseError(f"activations: {k} values is not a multiple of the {afmt.name} block size {afmt.block_size}")
+    x2 = x.reshape(-1, k)
+    a = np.empty((x2.shape[0], afmt.row_bytes(k)), np.uint8)
+    drivers[afmt.name](a, x2)
+    return a[0] if x.ndim == 1 else a
+
+
+def matmul(w, x, out=None):
+    """Y[N, M] = X[N, K] W^T for a GGUF weight W of shape (M, K) in any supported type.
+
+    x: float32 C-contiguous [N, K] (N >= 1; the decoder uses up to 64). Each activation row is
+    converted once to W's vec_dot_type and reused by every weight row; each output element is
+    ggml's vec_dot of one weight row with one converted activation row (ggml_compute_forward_mul_mat
+    without repacking). out: optional float32 [N, M] to write into. Returns float32 [N, M].
+    Raises SynapseError on unsupported type or inconsistent shapes.
+    """
+    fmt, (act_name, act_drv, mm_drv, _), rows, m, k = _weight_rows(w)
+    name = _tname(w)
+    _check_x(name, x, k, 2)
+    n = x.shape[0]
+    if n == 0:
+        raise SynapseError(f"tensor {name}: matmul of 0 activation rows")
+    y = _check_out(name, out, (n, m))
+    afmt = _F.format_of(act_name)
+    a = np.empty((n, afmt.row_bytes(k)), np.uint8)
+    act_drv(a, x)
+    mm_drv(y, rows, a, _mm.scratch_ints(k))
+    return y
+
+
+def matvec(w, x, out=None):
+    """y[M] = W[M, K] x[K] (float32 [K] C-contiguous); exactly row 0 of matmul(w, x[None]).
+
+    Reproduces ggml's mul_mat for one token (ggml-cpu vec_dot per weight row). Returns float32 [M].
+    Raises SynapseError on unsupported type or inconsistent shapes.
+    """
+    name = _tname(w)
+    if not isinstance(x, np.ndarray) or x.ndim != 1:
+        raise SynapseError(f"tensor {name}: matvec needs a 1-D activation vector")
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.ndim != 1:
+            raise SynapseError(f"tensor {name}: out must be a 1-D float32 array")
+        out = out.reshape(1, -1)
+    return matmul(w, x.reshape(1, -1), out)[0]
+
+
+def get_rows(w, ids):
+    """Embedding lookup: float32 [len(ids), K], row i = dequantize(W[ids[i]]).
+
+    Reproduces ggml_compute_forward_get_rows (the row's to_float, ggml-quants.c dequantize_row_*).
+    ids: integer sequence or array, each in [0, M). Raises SynapseError on out-of-range ids.
+    """
+    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(w)
+    name = _tname(w)
+    ids = np.ascontiguousarray(np.asarray(ids).reshape(-1))
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise SynapseError(f"tensor {name}: row ids must be integers")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= m):
+        bad = int(ids[(ids < 0) | (ids >= m)][0])
+        raise SynapseError(f"tensor {name}: row id {bad} out of range [0, {m})")
+    out = np.empty((ids.size, k), np.float32)
+    if ids.size:
+        deq_drv(out, rows, ids)
+    return out
+
+
+def dequantize(w):
+    """The whole weight as float32 [M, K] (for tests and tools; the decoder never calls this).
+
+    Bit-exact with gguf.quants.dequantize / ggml-quants.c dequantize_row_*.
+    """
+    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(w)
+    out = np.empty((m, k), np.float32)
+    deq_drv(out, rows, np.arange(m, dtype=np.int64))
+    return out
