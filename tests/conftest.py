@@ -1,0 +1,46 @@
+"""Shared test helpers: reference-data paths and the real models.
+
+Import in a test module with `from conftest import DATA, TINY, real_model` (pytest
+puts tests/ on sys.path).
+"""
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "tiny"
+GOLDENS = TINY / "goldens"
+VOCAB = DATA / "vocab"
+KERNELS = DATA / "kernels"
+TOKENIZER = DATA / "tokenizer"
+REAL = DATA / "real"
+
+TINY_GGUFS = sorted(TINY.glob("*.gguf"))
+VOCAB_GGUFS = sorted(VOCAB.glob("*.gguf"))
+
+# models.txt names of the real models, with the reference JSON of each (tests/data/real/).
+REAL_MODELS = {
+    "smollm2-135m-instruct-q4_1": REAL / "SmolLM2-135M-Instruct.Q4_1.json",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m": REAL / "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
+}
+
+
+def tiny(name: str) -> Path:
+    """Path of a tiny fixture by stem, e.g. tiny("tiny-llama-q4_k") -> tests/data/tiny/tiny-llama-q4_k.gguf."""
+    return TINY / f"{name}.gguf"
+
+
+def real_model(name: str) -> Path:
+    """Cached path of a real model (models.txt name); skips the test with the fetch command when absent.
+
+    CI fetches both models first (python -m synapse_nb.models fetch all), so there
+    these tests run; locally they are skipped until fetched.
+    """
+    from synapse_nb.models import cached_path, load_models_txt
+
+    entry = load_models_txt()[name]
+    path = cached_path(name)
+    if not path.is_file() or path.stat().st_size != entry.size:
+        pytest.skip(f"real model {name} not fetched ({path}); run: python -m synapse_nb.models fetch {name}")
+    return path
