@@ -60,14 +60,14 @@ class ModelEntry:
     parts: tuple[Part, ...]
 
 
-def load_models_txt(path: Path = MODELS_TXT) -> dict[str, ModelEntry]:
-    """Parse models.txt into {name: ModelEntry}, in file order.
+def load_models_txt(path: Path | None = None) -> dict[str, ModelEntry]:
+    """Parse models.txt (default: MODELS_TXT, at the repository root) into {name: ModelEntry}, in file order.
 
     Format (see the file's comment header): `NAME SIZE SHA256 PART [PART ...]`,
     PART = `PACKAGE==VERSION:PATH_IN_WHEEL`; `#` starts a comment line.
     Raises SynapseError naming the file and line on a malformed or duplicate line.
     """
-    path = Path(path)
+    path = Path(path or MODELS_TXT)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

@@ -6,6 +6,7 @@ puts tests/ on sys.path).
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 DATA = Path(__file__).parent / "data"
@@ -44,3 +45,19 @@ def real_model(name: str) -> Path:
     if not path.is_file() or path.stat().st_size != entry.size:
         pytest.skip(f"real model {name} not fetched ({path}); run: python -m synapse_nb.models fetch {name}")
     return path
+
+
+def part_offset(reader, part: np.ndarray) -> int:
+    """Byte offset in the file of one part (a numpy view) of a gguf.GGUFReader field."""
+    return part.__array_interface__["data"][0] - reader.data.__array_interface__["data"][0]
+
+
+def damaged_copy(src: Path, dst: Path, patches=(), size=None) -> Path:
+    """Copy src to dst, overwriting bytes at each (offset, bytes) of `patches`, then cutting to `size` bytes."""
+    b = bytearray(Path(src).read_bytes())
+    for off, data in patches:
+        b[off : off + len(data)] = data
+    if size is not None:
+        del b[size:]
+    Path(dst).write_bytes(bytes(b))
+    return Path(dst)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import REAL_MODELS, TINY_GGUFS, VOCAB_GGUFS, real_model, tiny
+from conftest import REAL_MODELS, TINY_GGUFS, VOCAB_GGUFS, damaged_copy, part_offset, real_model, tiny
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quant_shape_to_byte_shape
 
@@ -120,28 +120,15 @@ def test_invalid_utf8_is_kept_as_surrogate_escapes(tmp_path):
 SRC = tiny("tiny-llama-f32")
 
 
-def _off(r: GGUFReader, part: np.ndarray) -> int:
-    """Byte offset in the file of one part of a GGUFReader field."""
-    return _addr(part) - _addr(r.data)
-
-
 def _damaged(tmp_path, patches=(), size=None, src=SRC):
-    """A copy of src with bytes overwritten at (offset, bytes) and optionally cut to `size` bytes."""
-    b = bytearray(src.read_bytes())
-    for off, data in patches:
-        b[off : off + len(data)] = data
-    if size is not None:
-        del b[size:]
-    dst = tmp_path / f"damaged-{src.name}"
-    dst.write_bytes(bytes(b))
-    return dst
+    return damaged_copy(src, tmp_path / f"damaged-{src.name}", patches, size)
 
 
 def _tensor_part(name, index, src=SRC):
     """(file offset, value) of part `index` of a tensor's info: 1 name, 2 n_dims, 3 dims, 4 type, 5 offset."""
     r = GGUFReader(src)
     part = next(t for t in r.tensors if t.name == name).field.parts[index]
-    return _off(r, part), int(part[0])
+    return part_offset(r, part), int(part[0])
 
 
 def assert_error(path, *words):
@@ -218,13 +205,13 @@ def test_row_not_multiple_of_block(tmp_path):
 
 def test_duplicate_key(tmp_path):
     r = GGUFReader(SRC)
-    off = _off(r, r.fields["tokenizer.ggml.eos_token_id"].parts[1])
+    off = part_offset(r, r.fields["tokenizer.ggml.eos_token_id"].parts[1])
     assert_error(_damaged(tmp_path, [(off, b"tokenizer.ggml.bos_token_id")]), "duplicate key tokenizer.ggml.bos_token_id")
 
 
 def test_unknown_value_type(tmp_path):
     r = GGUFReader(SRC)
-    off = _off(r, r.fields["llama.block_count"].parts[2])
+    off = part_offset(r, r.fields["llama.block_count"].parts[2])
     assert_error(_damaged(tmp_path, [(off, (13).to_bytes(4, "little"))]), "llama.block_count", "unknown GGUF value type 13")
 
 

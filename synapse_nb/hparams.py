@@ -1,0 +1,340 @@
+"""HParams: the model hyper-parameters, read from GGUF keys as llama.cpp reads them.
+
+Sources reproduced (llama.cpp src/): llama-model.cpp llama_model::load_hparams
+(generic keys, then the LLM_ARCH_LLAMA / QWEN2 / MISTRAL3 cases) and
+llama_model_rope_type; llama-hparams.h (defaults); llama-context.cpp
+llama_context::llama_context (the effective rope/YaRN parameters a context
+derives from them when the user overrides nothing); llama-model.cpp
+load_tensors (the tensor list and shapes checked by validate_tensors).
+
+Key names are gguf.Keys templates with {arch} = general.architecture, e.g.
+`llama.attention.head_count`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import Keys
+
+from .errors import SynapseError
+from .gguf_file import GGUFFile
+
+# llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
+# QWEN2 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
+ROPE_TYPE = {"llama": "norm", "mistral3": "norm", "qwen2": "neox"}
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cpp, not supported here
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class HParams:
+    """Hyper-parameters of a llama / qwen2 / mistral3 GGUF model.
+
+    Integers are counts or lengths in elements; floats are the float32 values
+    stored in the file (or float32 results, as llama.cpp computes them).
+
+    arch                general.architecture: "llama", "qwen2" or "mistral3"
+    name                general.name ("" when absent)
+    n_vocab             {arch}.vocab_size, else len(tokenizer.ggml.tokens), else token_embd rows
+    n_embd              {arch}.embedding_length (required)
+    n_layer             {arch}.block_count (required)
+    n_head              {arch}.attention.head_count (required)
+    n_head_kv           {arch}.attention.head_count_kv (default n_head)
+    head_dim_k          {arch}.attention.key_length (default n_embd // n_head)
+    head_dim_v          {arch}.attention.value_length (default n_embd // n_head)
+    n_ff                {arch}.feed_forward_length (required)
+    n_ctx_train         {arch}.context_length (required)
+    rms_eps             {arch}.attention.layer_norm_rms_epsilon (required for all three archs)
+    rope_type           "norm" (llama, mistral3) or "neox" (qwen2): llama_model_rope_type
+    n_rot               {arch}.rope.dimension_count (default head_dim_k); must equal head_dim_k
+                        (llama.cpp checks it for llama; the llama/qwen2/mistral3 graphs assert it)
+    rope_freq_base      {arch}.rope.freq_base (default 10000)
+    rope_scaling_type   {arch}.rope.scaling.type (default "linear"): "none", "linear" or "yarn"
+    rope_freq_scale     1 / {arch}.rope.scaling.factor (else the old key {arch}.rope.scale_linear;
+                        1 when the factor is absent or 0), in float32; forced to 1 when the scaling
+                        type is "none" (llama-context.cpp)
+    has_rope_freqs      tensor rope_freqs.weight present (Llama 3 frequency divisors, n_rot/2 floats)
+    yarn_orig_ctx       {arch}.rope.scaling.original_context_length (default n_ctx_train)
+    yarn_ext_factor     1.0 when the scaling type is "yarn", else 0.0 (llama-context.cpp: the context
+                        default -1 means "derive from the scaling type")
+    yarn_attn_factor    llama-context.cpp, float32: with ext_factor != 0 and factor = 1/rope_freq_scale,
+                        get_mscale(factor, 1) / get_mscale(factor, yarn_log_multiplier) (or just
+                        get_mscale(factor, 1) when the multiplier is 0), where get_mscale(s, m) =
+                        1 if s <= 1 else 0.1*m*ln(s) + 1; then multiplied by 1/(1 + 0.1*ln(factor)) to
+                        cancel the magnitude ggml's rope applies itself (llama.cpp PR 17945); then by
+                        {arch}.rope.scaling.attn_factor (default 1). 1.0 without YaRN. For
+                        tiny-mistral3 (factor 16, multiplier 1): 1/(1 + 0.1 ln 16) = 0.78289.
+                        (llama.cpp's mistral3 graph computes this same value itself,
+                        1/(1 + 0.1 ln(1/freq_scale)), ignoring the context's.)
+    yarn_beta_fast      {arch}.rope.scaling.yarn_beta_fast, read for mistral3 only (default 32)
+    yarn_beta_slow      {arch}.rope.scaling.yarn_beta_slow, read for mistral3 only (default 1)
+    yarn_log_multiplier {arch}.rope.scaling.yarn_log_multiplier, read for mistral3 only (default 0)
+    attn_temp_scale     {arch}.attention.temperature_scale, mistral3 only (default 0 = off)
+    attn_temp_floor     the floor length of the temperature scaling: llama.cpp's mistral3 case sets
+                        n_attn_temp_floor_scale = n_ctx_orig_yarn (= yarn_orig_ctx; there is no key)
+                        when attn_temp_scale != 0, else 0. llama.cpp then scales q at position p by
+                        1 + attn_temp_scale * ln(floor((p + 0) / attn_temp_floor) + 1) (offset 0 for
+                        mistral3, llama-graph.cpp llm_graph_input_attn_temp)
+    tied_output         no output.weight tensor: the output projection is token_embd
+    has_bias_qkv        attn_q/attn_k/attn_v biases present (every layer; required for qwen2)
+    has_bias_o          attn_output bias present (every layer; llama/mistral3 only)
+    """
+
+    arch: str
+    name: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_type: str
+    n_rot: int
+    rope_freq_base: float
+    rope_scaling_type: str
+    rope_freq_scale: float
+    has_rope_freqs: bool
+    yarn_orig_ctx: int
+    yarn_ext_factor: float
+    yarn_attn_factor: float
+    yarn_beta_fast: float
+    yarn_beta_slow: float
+    yarn_log_multiplier: float
+    attn_temp_scale: float
+    attn_temp_floor: int
+    tied_output: bool
+    has_bias_qkv: bool
+    has_bias_o: bool
+
+    @property
+    def n_gqa(self) -> int:
+        """Query heads per KV head (n_head // n_head_kv)."""
+        return self.n_head // self.n_head_kv
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> HParams:
+        """Read the hyper-parameters of an opened GGUF model and check its tensors (validate_tensors).
+
+        Raises SynapseError (naming the file) for: an architecture other than
+        llama / qwen2 / mistral3, a missing required key, a key of the wrong
+        type, a per-layer array with differing values, inconsistent values
+        (n_head not a multiple of n_head_kv, n_rot != head_dim_k, ...), and any
+        missing, unexpected or wrongly shaped tensor.
+        """
+        arch = g.kv.get(Keys.General.ARCHITECTURE)
+        if arch not in ROPE_TYPE:
+            raise SynapseError(
+                f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(ROPE_TYPE)})"
+                if arch is not None
+                else f"{g.path}: no general.architecture key: not a model file"
+            )
+        key = _KeyReader(g, arch)
+        n_embd = key.integer(Keys.LLM.EMBEDDING_LENGTH)
+        n_layer = key.integer(Keys.LLM.BLOCK_COUNT)
+        n_head = key.integer(Keys.Attention.HEAD_COUNT, per_layer=True)
+        n_head_kv = key.integer(Keys.Attention.HEAD_COUNT_KV, n_head, per_layer=True)
+        n_ff = key.integer(Keys.LLM.FEED_FORWARD_LENGTH, per_layer=True)
+        n_ctx_train = key.integer(Keys.LLM.CONTEXT_LENGTH)
+        for k, v in ((Keys.LLM.EMBEDDING_LENGTH, n_embd), (Keys.LLM.BLOCK_COUNT, n_layer),
+                     (Keys.Attention.HEAD_COUNT, n_head), (Keys.Attention.HEAD_COUNT_KV, n_head_kv),
+                     (Keys.LLM.FEED_FORWARD_LENGTH, n_ff), (Keys.LLM.CONTEXT_LENGTH, n_ctx_train)):
+            if v <= 0:
+                raise SynapseError(f"{g.path}: key {k.format(arch=arch)} must be positive, got {v}")
+        if n_head % n_head_kv:
+            raise SynapseError(f"{g.path}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
+        head_dim_k = key.integer(Keys.Attention.KEY_LENGTH, n_embd // n_head)
+        head_dim_v = key.integer(Keys.Attention.VALUE_LENGTH, n_embd // n_head)
+        n_rot = key.integer(Keys.Rope.DIMENSION_COUNT, head_dim_k)
+        if not (n_rot == head_dim_k == head_dim_v) or n_rot % 2:
+            raise SynapseError(
+                f"{g.path}: n_rot {n_rot}, head_dim_k {head_dim_k} and head_dim_v {head_dim_v} must be equal and even "
+                f"for arch {arch}"
+            )
+
+        rope_scaling_type = key.string(Keys.Rope.SCALING_TYPE, "linear")
+        if rope_scaling_type not in ROPE_SCALING_TYPES:
+            raise SynapseError(
+                f"{g.path}: key {Keys.Rope.SCALING_TYPE.format(arch=arch)} = {rope_scaling_type!r} is not supported "
+                f"(supported: {', '.join(ROPE_SCALING_TYPES)})"
+            )
+        factor = key.number(Keys.Rope.SCALING_FACTOR, None)
+        if factor is None:
+            factor = key.number("{arch}.rope.scale_linear", 0.0)  # the old key name
+        f32 = np.float32
+        rope_freq_scale = 1.0 if factor == 0 or rope_scaling_type == "none" else float(f32(1) / f32(factor))
+        yarn_orig_ctx = key.integer(Keys.Rope.SCALING_ORIG_CTX_LEN, 0) or n_ctx_train
+
+        is_mistral3 = arch == "mistral3"
+        yarn_beta_fast = key.number(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0) if is_mistral3 else 32.0
+        yarn_beta_slow = key.number(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0) if is_mistral3 else 1.0
+        log_mul = key.number(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0) if is_mistral3 else 0.0
+        attn_temp_scale = key.number(Keys.Attention.TEMPERATURE_SCALE, 0.0) if is_mistral3 else 0.0
+
+        # llama-context.cpp: effective YaRN extrapolation and attention factors (float32 arithmetic).
+        yarn_ext_factor = 1.0 if rope_scaling_type == "yarn" else 0.0
+        attn_factor = f32(1)
+        if yarn_ext_factor != 0:
+            s = f32(1) / f32(rope_freq_scale)
+
+            def mscale(m):
+                return f32(1) if s <= 1 else f32(0.1) * f32(m) * np.log(s) + f32(1)
+
+            attn_factor = mscale(1) / mscale(log_mul) if log_mul != 0 else mscale(1)
+            attn_factor = attn_factor * (f32(1) / (f32(1) + f32(0.1) * np.log(s)))
+        attn_factor = attn_factor * f32(key.number(Keys.Rope.SCALING_ATTN_FACTOR, 1.0))
+
+        n_vocab = key.integer(Keys.LLM.VOCAB_SIZE, 0)
+        tokens = g.kv.get(Keys.Tokenizer.LIST)
+        if n_vocab and tokens is not None and len(tokens) != n_vocab:
+            raise SynapseError(
+                f"{g.path}: {Keys.LLM.VOCAB_SIZE.format(arch=arch)} = {n_vocab} but "
+                f"{Keys.Tokenizer.LIST} has {len(tokens)} tokens"
+            )
+        if not n_vocab:
+            n_vocab = len(tokens) if tokens is not None else g.tensor("token_embd.weight").shape[0]
+
+        t = g.tensors
+        hp = cls(
+            arch=arch,
+            name=str(g.kv.get(Keys.General.NAME, "")),
+            n_vocab=n_vocab,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=head_dim_k,
+            head_dim_v=head_dim_v,
+            n_ff=n_ff,
+            n_ctx_train=n_ctx_train,
+            rms_eps=key.number(Keys.Attention.LAYERNORM_RMS_EPS),
+            rope_type=ROPE_TYPE[arch],
+            n_rot=n_rot,
+            rope_freq_base=key.number(Keys.Rope.FREQ_BASE, 10000.0),
+            rope_scaling_type=rope_scaling_type,
+            rope_freq_scale=rope_freq_scale,
+            has_rope_freqs="rope_freqs.weight" in t,
+            yarn_orig_ctx=yarn_orig_ctx,
+            yarn_ext_factor=yarn_ext_factor,
+            yarn_attn_factor=float(attn_factor),
+            yarn_beta_fast=yarn_beta_fast,
+            yarn_beta_slow=yarn_beta_slow,
+            yarn_log_multiplier=log_mul,
+            attn_temp_scale=attn_temp_scale,
+            attn_temp_floor=yarn_orig_ctx if attn_temp_scale != 0 else 0,
+            tied_output="output.weight" not in t,
+            has_bias_qkv="blk.0.attn_q.bias" in t,
+            has_bias_o="blk.0.attn_output.bias" in t,
+        )
+        validate_tensors(g, hp)
+        return hp
+
+
+class _KeyReader:
+    """Typed access to {arch}.* keys, with llama.cpp's defaults and one-line errors."""
+
+    def __init__(self, g: GGUFFile, arch: str):
+        self.g, self.arch = g, arch
+
+    def _get(self, template, default, ok, what, per_layer=False):
+        k = template.format(arch=self.arch)
+        if k not in self.g.kv:
+            if default is _REQUIRED:
+                raise SynapseError(f"{self.g.path}: missing required key {k}")
+            return default
+        v = self.g.kv[k]
+        if per_layer and isinstance(v, np.ndarray) and v.ndim == 1 and v.size and v.dtype.kind in "iu":
+            # llama.cpp get_key_or_arr: one value per layer; we support uniform layers only.
+            if (v != v[0]).any():
+                raise SynapseError(f"{self.g.path}: key {k} varies per layer ({v.tolist()}), which is not supported")
+            v = int(v[0])
+        if not ok(v):
+            raise SynapseError(f"{self.g.path}: key {k} should be {what}, got {type(v).__name__} {v!r}")
+        return v
+
+    def integer(self, template, default=_REQUIRED, per_layer=False) -> int:
+        return self._get(template, default, lambda v: isinstance(v, int) and not isinstance(v, bool),
+                         "an integer", per_layer)
+
+    def number(self, template, default=_REQUIRED) -> float:
+        v = self._get(template, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                      "a number")
+        return v if v is None else float(v)
+
+    def string(self, template, default=_REQUIRED) -> str:
+        return self._get(template, default, lambda v: isinstance(v, str), "a string")
+
+
+def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """name -> (shape in numpy order, required) for every tensor an arch may have.
+
+    From llama-model.cpp load_tensors (LLM_ARCH_LLAMA / MISTRAL3 share one list;
+    QWEN2 requires Q/K/V biases and has no attn_output bias or rope_freqs).
+    """
+    E, F, L = hp.n_embd, hp.n_ff, hp.n_layer
+    q, kv, o = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head * hp.head_dim_v
+    v = hp.n_head_kv * hp.head_dim_v
+    qwen2 = hp.arch == "qwen2"
+    bias_qkv = qwen2 or hp.has_bias_qkv
+    exp = {
+        "token_embd.weight": ((hp.n_vocab, E), True),
+        "output_norm.weight": ((E,), True),
+        "output.weight": ((hp.n_vocab, E), False),
+    }
+    if not qwen2:
+        exp["rope_freqs.weight"] = ((hp.n_rot // 2,), False)
+    for i in range(L):
+        b = f"blk.{i}."
+        exp.update({
+            b + "attn_norm.weight": ((E,), True),
+            b + "attn_q.weight": ((q, E), True),
+            b + "attn_k.weight": ((kv, E), True),
+            b + "attn_v.weight": ((v, E), True),
+            b + "attn_output.weight": ((E, o), True),
+            b + "ffn_norm.weight": ((E,), True),
+            b + "ffn_gate.weight": ((F, E), True),
+            b + "ffn_up.weight": ((F, E), True),
+            b + "ffn_down.weight": ((E, F), True),
+        })
+        # Biases: all-or-none, like layer 0 (has_bias_*), so the graph can rely on the flags.
+        for name, shape in (("attn_q.bias", (q,)), ("attn_k.bias", (kv,)), ("attn_v.bias", (v,))):
+            exp[b + name] = (shape, True) if bias_qkv else None
+        exp[b + "attn_output.bias"] = ((E,), True) if hp.has_bias_o and not qwen2 else None
+    return {k: v for k, v in exp.items() if v is not None}
+
+
+def validate_tensors(g: GGUFFile, hp: HParams) -> None:
+    """Check that g has every required tensor of hp.arch, each with the expected shape, and nothing else.
+
+    Shapes are numpy order (GGUF ne reversed): token_embd/output (n_vocab, n_embd),
+    attn_q (n_head*head_dim_k, n_embd), attn_k (n_head_kv*head_dim_k, n_embd),
+    attn_v (n_head_kv*head_dim_v, n_embd), attn_output (n_embd, n_head*head_dim_v),
+    ffn_gate/ffn_up (n_ff, n_embd), ffn_down (n_embd, n_ff), norms (n_embd,),
+    biases (n_out,), rope_freqs (n_rot/2,).
+    Raises SynapseError naming the file and the tensor: missing, wrong shape
+    (expected and found), present in some layers only, or not used by the arch
+    (llama.cpp likewise refuses files with extra tensors: "wrong number of tensors").
+    """
+    exp = expected_tensors(hp)
+    for name, (shape, required) in exp.items():
+        t = g.tensors.get(name)
+        if t is None:
+            if required:
+                raise SynapseError(f"{g.path}: missing tensor {name} (arch {hp.arch})")
+            continue
+        if t.shape != shape:
+            raise SynapseError(
+                f"{g.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} (numpy order, outermost first)"
+            )
+    extra = [n for n in g.tensors if n not in exp]
+    if extra:
+        raise SynapseError(
+            f"{g.path}: tensor {extra[0]} is not used by arch {hp.arch} "
+            f"(or is present in some layers only){f' (+{len(extra) - 1} more)' if len(extra) > 1 else ''}"
+        )

