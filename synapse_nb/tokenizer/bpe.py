@@ -1,0 +1,149 @@
+"""Byte-level BPE (tokenizer.ggml.model = "gpt2"), as llama.cpp runs it.
+
+Reproduces llama-vocab.cpp llm_tokenizer_bpe_session::tokenize for one text fragment:
+split into words with the pre-tokenizer of tokenizer.ggml.pre, map each word's UTF-8
+bytes through GPT-2's byte-to-unicode table, take the whole word as one token when
+ignore_merges is set and the word is a token, else start from one symbol per byte and
+apply merges lowest rank first (merge.py); a final symbol that is not a token falls back
+to the single-byte tokens of its bytes (bytes without one are dropped, as in llama.cpp).
+
+Merges are strings "left right" split at the first space after the first character
+(llama.cpp: word.find(' ', 1)); the first occurrence of a pair keeps its rank.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from operator import add
+
+import numpy as np
+
+from .merge import PairTable
+from .pretokenize import PreTokenizer
+from .vocab import BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, Vocab
+
+_CACHE_LIMIT = 200_000  # words kept between calls
+
+
+def _split_merges(merges: list[str]) -> tuple[list[str], list[str]]:
+    """Split each merge at its first space after the first character (word.find(' ', 1));
+    a merge without one gives ("", "") (an empty pair, never matched)."""
+    n = len(merges)
+    joined = " ".join(merges)
+    if joined.count(" ") == 2 * n - 1 and "\n" not in joined:
+        # fast path: exactly one space per merge; C-speed split
+        parts = "\n".join(merges).replace(" ", "\n").split("\n")
+        lefts, rights = parts[0::2], parts[1::2]
+        if all(lefts):  # no merge starts with its only space
+            return lefts, rights
+    lefts, rights = [], []
+    for m in merges:
+        p = m.find(" ", 1)
+        lefts.append(m[:p] if p >= 0 else "")
+        rights.append(m[p + 1:] if p >= 0 else "")
+    return lefts, rights
+
+
+class BPE:
+    """BPE merges and pre-tokenizer of one vocabulary.
+
+    merges: list[str] (tokenizer.ggml.merges). tokenize_fragment(text, out) appends the
+    ids of `text` (a fragment without special tokens) to the list `out`.
+    """
+
+    def __init__(self, vocab: Vocab, merges: list[str]):
+        self.vocab = vocab
+        self.pre = PreTokenizer(vocab.pre, vocab.where)
+        self.ignore_merges = vocab.ignore_merges
+        self.n_vocab = vocab.n_vocab
+        t2i = vocab.token_to_id
+        self._extra: dict[str, int] = {}  # strings in merges that are not tokens -> extra ids
+        self._extra_strs: list[str] = []
+
+        if not isinstance(merges, list):
+            raise TypeError("merges must be a list of str")
+        n = len(merges)
+        lefts, rights = _split_merges(merges)
+        get = t2i.get
+        left = list(map(get, lefts, repeat(-1, n)))
+        right = list(map(get, rights, repeat(-1, n)))
+        joined = list(map(add, lefts, rights))
+        result = list(map(get, joined, repeat(-1, n)))
+        for arr, strs in ((left, lefts), (right, rights), (result, joined)):
+            if -1 in arr:
+                for i, v in enumerate(arr):
+                    if v == -1 and strs[i]:
+                        arr[i] = self._intern(strs[i])
+        byte_sym = [t2i.get(u, -1) for u in BYTE_TO_UNICODE]
+        for b, u in enumerate(BYTE_TO_UNICODE):
+            if byte_sym[b] == -1:
+                byte_sym[b] = self._intern(u)
+        self._byte_sym = np.array(byte_sym, np.int32)
+        self.table = PairTable(np.array(left, np.int32), np.array(right, np.int32),
+                               np.arange(n, dtype=np.float64), np.array(result, np.int32),
+                               self.n_vocab + len(self._extra_strs))
+        self._cache: dict[str, list[int]] = {}
+
+    def _intern(self, s: str) -> int:
+        i = self.vocab.token_to_id.get(s)
+        if i is not None:
+            return i
+        i = self._extra.get(s)
+        if i is None:
+            i = self._extra[s] = self.n_vocab + len(self._extra_strs)
+            self._extra_strs.append(s)
+        return i
+
+    def tokenize_fragment(self, text: str, out: list[int]) -> None:
+        words = self.pre.words(text)
+        cache = self._cache
+        new = [w for w in dict.fromkeys(words) if w not in cache]
+        if new:
+            if len(cache) + len(new) > _CACHE_LIMIT:
+                cache.clear()
+            self._encode_words(new)
+        for w in words:
+            out += cache[w]
+
+    def _encode_words(self, words: list[str]) -> None:
+        cache = self._cache
+        t2i = self.vocab.token_to_id
+        todo: list[str] = []
+        raw: list[bytes] = []
+        for w in words:
+            b = w.encode("utf-8", "surrogatepass")
+            if self.ignore_merges:
+                i = t2i.get(b.decode("latin-1").translate(BYTE_ENCODE_TABLE))
+                if i is not None:
+                    cache[w] = [i]
+                    continue
+            todo.append(w)
+            raw.append(b)
+        if not todo:
+            return
+        sym = self._byte_sym[np.frombuffer(b"".join(raw), np.uint8)]
+        starts = np.zeros(len(raw) + 1, np.int64)
+        np.cumsum([len(b) for b in raw], out=starts[1:])
+        res, rstarts = self.table.merge(sym, starts)
+        ids = res.tolist()
+        st = rstarts.tolist()
+        slow = res.size > 0 and int(res.max()) >= self.n_vocab
+        for k, w in enumerate(todo):
+            piece = ids[st[k]:st[k + 1]]
+            if slow:
+                piece = self._fallback(piece)
+            cache[w] = piece
+
+    def _fallback(self, piece: list[int]) -> list[int]:
+        # a final symbol that is not a token: look up each of its bytes as a 1-byte string
+        out = []
+        t2i = self.vocab.token_to_id
+        for i in piece:
+            if i < self.n_vocab:
+                out.append(i)
+                continue
+            for b in self._extra_strs[i - self.n_vocab].encode("utf-8", "surrogateescape"):
+                j = t2i.get(bytes([b]).decode("utf-8", "surrogateescape"))
+                if j is not None:
+                    out.append(j)
+        return out

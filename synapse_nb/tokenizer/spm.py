@@ -1,0 +1,116 @@
+"""SentencePiece BPE (tokenizer.ggml.model = "llama"), as llama.cpp runs it.
+
+Reproduces llama-vocab.cpp llm_tokenizer_spm_session::tokenize: the fragment (spaces
+already escaped to U+2581 by the caller) starts as one symbol per UTF-8 character; the
+adjacent pair whose concatenation is a token with the highest score is merged first
+(ties: leftmost), repeatedly; a final symbol that is not a token is emitted as its
+<0xXX> byte tokens.
+
+A merge needs the concatenation of two symbols to be a token, and symbols are single
+characters or tokens, so every possible merge is known in advance: for each token and
+each split of it into two parts that are tokens or single characters, the pair table
+holds (part ids) -> (-score, token id). Single characters that are not tokens but occur
+inside tokens get extra ids; characters that occur in no token never merge.
+(llama.cpp's rev_merge re-segmentation only applies to non-token symbols that came from
+a merge, and every merge yields a token, so it never fires.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .merge import PairTable
+from .vocab import Vocab
+
+_N_CODEPOINTS = 0x110000
+
+
+class SPM:
+    """Merge table of one SentencePiece vocabulary.
+
+    tokenize_fragments(texts) -> list[list[int]]: the ids of each escaped fragment.
+    """
+
+    def __init__(self, vocab: Vocab):
+        self.vocab = vocab
+        self.n_vocab = n = vocab.n_vocab
+        t2i = vocab.token_to_id
+        extra: dict[str, int] = {}
+        self._extra_strs: list[str] = []
+
+        def part_id(s: str) -> int:
+            i = t2i.get(s)
+            if i is None and len(s) == 1:
+                i = extra.get(s)
+                if i is None:
+                    i = extra[s] = n + len(self._extra_strs)
+                    self._extra_strs.append(s)
+            return -1 if i is None else i
+
+        left, right, prio, result = [], [], [], []
+        neg_scores = (-vocab.scores.astype(np.float64)).tolist()
+        for tid, t in enumerate(vocab.tokens):
+            for k in range(1, len(t)):
+                a = part_id(t[:k])
+                if a < 0:
+                    continue
+                b = part_id(t[k:])
+                if b < 0:
+                    continue
+                left.append(a)
+                right.append(b)
+                prio.append(neg_scores[tid])
+                result.append(tid)
+        self.table = PairTable(np.array(left, np.int32), np.array(right, np.int32),
+                               np.array(prio, np.float64), np.array(result, np.int32),
+                               n + len(self._extra_strs))
+        # code point -> initial symbol id; -(cp + 1) for characters in no token
+        sym = -np.arange(1, _N_CODEPOINTS + 1, dtype=np.int64)
+        for s, i in t2i.items():
+            if len(s) == 1:
+                sym[ord(s)] = i
+        for s, i in extra.items():
+            sym[ord(s)] = i
+        self._cp_sym = sym.astype(np.int32)
+        self._byte_tok: list[int | None] = [None] * 256
+
+    def _byte_token(self, b: int) -> int:
+        t = self._byte_tok[b]
+        if t is None:
+            t = self._byte_tok[b] = self.vocab.byte_to_token(b)
+        return t
+
+    def tokenize_fragments(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        joined = "".join(texts)
+        cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
+        sym = self._cp_sym[cps]
+        starts = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum([len(t) for t in texts], out=starts[1:])
+        res, rstarts = self.table.merge(sym, starts)
+        st = rstarts.tolist()
+        if res.size and (int(res.min()) < 0 or int(res.max()) >= self.n_vocab):
+            out = []
+            for k in range(len(texts)):
+                out.append(self._byte_fallback(res[st[k]:st[k + 1]].tolist()))
+            return out
+        ids = res.tolist()
+        return [ids[st[k]:st[k + 1]] for k in range(len(texts))]
+
+    def _byte_fallback(self, piece: list[int]) -> list[int]:
+        out = []
+        n = self.n_vocab
+        for i in piece:
+            if 0 <= i < n:
+                out.append(i)
+                continue
+            ch = self._extra_strs[i - n] if i >= n else chr(-i - 1)
+            try:
+                bs = ch.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                bs = ch.encode("utf-8", "surrogatepass")
+            for b in bs:
+                out.append(self._byte_token(b))
+        return out
+

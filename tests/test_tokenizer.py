@@ -1,0 +1,219 @@
+"""Tokenizer conformance with llama.cpp (tests/data/tokenizer, tests/data/real) and edge cases.
+
+Expected ids / texts come from llama.cpp (see /work/shared/README.md); nothing here is
+generated from our own output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synapse_nb import SynapseError, load_tokenizer
+from synapse_nb.gguf_file import open_gguf
+from synapse_nb.tokenizer import Tokenizer
+from synapse_nb.tokenizer.merge import PairTable
+from synapse_nb.tokenizer.pretokenize import PreTokenizer
+
+DATA = Path(__file__).parent / "data"
+VOCABS = ["llama-spm", "llama-bpe", "qwen2", "smollm", "mistral-spm-v1", "mistral-spm-v3",
+          "mistral-tekken"]
+MODELS = Path("/root/.cache/synapse_nb/models")
+
+_cache: dict = {}
+
+
+def tok(name: str) -> Tokenizer:
+    if name not in _cache:
+        _cache[name] = load_tokenizer(DATA / "vocab" / f"ggml-vocab-{name}.gguf")
+    return _cache[name]
+
+
+def cases(name: str) -> list[dict]:
+    with open(DATA / "tokenizer" / f"{name}.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_llama_cpp_cases(name):
+    t = tok(name)
+    cs = cases(name)
+    assert len(cs) > 100
+    bad = []
+    for c in cs:
+        ids = t.tokenize(c["text"], c["add_special"], c["parse_special"])
+        det = t.detokenize(c["ids"], special=True)
+        if ids != c["ids"] or det != c["detok"]:
+            bad.append((c["text"][:60], c["add_special"], c["parse_special"], ids[:20], c["ids"][:20]))
+    assert not bad, f"{len(bad)}/{len(cs)} cases differ: {bad[:5]}"
+
+
+def _real_cases(model_json: str):
+    with open(DATA / "real" / model_json, encoding="utf-8") as f:
+        return json.load(f)["cases"]
+
+
+def test_real_smollm_goldens():
+    # the smollm vocabulary file holds the tokenizer keys of the SmolLM2 model
+    t = tok("smollm")
+    for c in _real_cases("SmolLM2-135M-Instruct.Q4_1.json"):
+        assert t.tokenize(c["text"], True, c["parse_special"]) == c["tokens"], c["name"]
+
+
+@pytest.mark.parametrize("model,golden", [
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.json"),
+    ("smollm2-135m-instruct-q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.json"),
+])
+def test_real_model_goldens(model, golden):
+    path = MODELS / model
+    if not path.exists():
+        pytest.skip(f"{path} not fetched")
+    t = load_tokenizer(open_gguf(path))
+    for c in _real_cases(golden):
+        assert t.tokenize(c["text"], True, c["parse_special"]) == c["tokens"], c["name"]
+
+
+def test_special_ids_and_eog():
+    # llama.cpp: BPE default add_bos only for llama3/tekken pre-tokenizers; SPM adds BOS
+    assert tok("llama-bpe").add_bos and tok("llama-bpe").bos_id == 128000
+    assert not tok("qwen2").add_bos and not tok("smollm").add_bos
+    assert tok("llama-spm").add_bos and tok("llama-spm").bos_id == 1
+    # end-of-generation: eos plus tokens whose text llama.cpp lists
+    t = tok("llama-bpe")
+    assert {128001, 128009}.issubset(t.eog_ids)  # <|end_of_text|>, <|eot_id|>
+    assert t.vocab.tokens[128009] == "<|eot_id|>"
+    t = tok("smollm")
+    assert t.vocab.tokens[2] == "<|im_end|>" and 2 in t.eog_ids and 0 in t.eog_ids
+    assert tok("llama-spm").eog_ids == {2}
+    assert tok("mistral-tekken").eog_ids == {2}
+
+
+def test_token_to_piece():
+    t = tok("llama-bpe")
+    assert t.token_to_piece(128000, special=True) == b"<|begin_of_text|>"
+    assert t.token_to_piece(128000, special=False) == b""
+    assert t.token_to_piece(t.tokenize(" Hello", False)[0]) == b" Hello"
+    s = tok("llama-spm")
+    assert s.token_to_piece(s.vocab.token_to_id["<0x0A>"]) == b"\n"
+    assert s.token_to_piece(s.vocab.token_to_id["\u2581the"]) == b" the"
+    assert s.token_to_piece(1, special=False) == b"" and s.token_to_piece(1) == b"<s>"
+    with pytest.raises(SynapseError):
+        t.token_to_piece(t.n_vocab)
+    with pytest.raises(SynapseError):
+        t.token_to_piece(-1)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_roundtrip_and_stream(name):
+    """Byte-level BPE and SPM with byte fallback lose nothing: detokenize(tokenize(x)) == x
+    (SPM: plus the prefix space); the stream decoder never emits a broken character and
+    its output concatenates to detokenize()."""
+    t = tok(name)
+    texts = [
+        "a" + " " * 300 + "b" + "\t" * 40 + "\n" * 17 + "  \n \r\n",
+        "1234567890" * 20 + " 3.14159e-10 ٣٤٥ ①② 0x1F",
+        "🦙🚀👨‍👩‍👧‍👦🏳️‍🌈 𝕳𝖊𝖑𝖑𝖔 𐍈 \U0001F9EA\U0001FAE8",
+        "e\u0301 n\u0303 a\u0308\u0304 \u0915\u093f \u0e01\u0e34\u0e4a Zalgo: Z\u0351\u036b\u0343",
+        "日本語のテキストと中文混合，Ελληνικά, русский, עברית, العربية",
+        "\x00\x01\x1c\x1f\x7f\u200b\u2028\u00a0\u3000\ufeff end",
+    ]
+    for text in texts:
+        ids = t.tokenize(text, add_special=False, parse_special=False)
+        assert all(0 <= i < t.n_vocab for i in ids)
+        out = t.detokenize(ids)
+        if t.type == "spm":
+            assert out == " " + text
+        else:
+            assert out == text
+        dec = t.stream_decoder()
+        parts = [dec.push(i) for i in ids] + [dec.flush()]
+        assert "".join(parts) == out
+        assert all("\ufffd" not in p for p in parts)
+
+
+def test_stream_holds_back_partial_utf8():
+    s = tok("llama-spm")
+    # an emoji not in the vocabulary comes out as four byte tokens
+    ids = s.tokenize("\U0001F9EA", add_special=False)
+    byte_ids = [s.vocab.token_to_id[f"<0x{b:02X}>"] for b in "\U0001F9EA".encode()]
+    assert ids[-4:] == byte_ids
+    dec = s.stream_decoder()
+    assert [dec.push(i) for i in byte_ids] == ["", "", "", "\U0001F9EA"]
+    dec.push(byte_ids[0])
+    assert dec.pending == b"\xf0"
+    assert dec.flush() == "\ufffd"
+
+
+def test_parse_special_and_user_defined():
+    t = tok("qwen2")
+    text = "<|im_start|>user\nhi<|im_end|>[PAD151646]x"
+    with_special = t.tokenize(text, False, True)
+    assert with_special[0] == 151644 and 151645 in with_special
+    plain = t.tokenize(text, False, False)
+    assert 151644 not in plain and 151645 not in plain
+    # user-defined tokens are split out even without parse_special
+    assert 151646 in plain
+    # text right after a special token
+    assert t.tokenize("<|im_end|>Hello", False, True)[1:] == t.tokenize("Hello", False)
+    s = tok("llama-spm")
+    # SPM: a fragment after a special token gets the space prefix again
+    assert s.tokenize("<s>Hello", False, True) == [1] + s.tokenize("Hello", False)
+
+
+def test_pretokenizer_words():
+    # Llama 3 splits digits in threes and keeps a leading non-letter with a word
+    p = PreTokenizer("llama-bpe")
+    assert p.words("12345 ab,cd\n\n  x") == ["123", "45", " ab", ",cd", "\n\n", " ", " x"]
+    assert p.words("don't  'S") == ["don", "'t", " ", " '", "S"]
+    # Qwen2: single digits
+    assert PreTokenizer("qwen2").words("2024") == ["2", "0", "2", "4"]
+    # smollm: digits first, then GPT-2's regex inside the rest
+    assert PreTokenizer("smollm").words("ab 12cd") == ["ab", " ", "1", "2", "cd"]
+    # tekken: a non-ASCII letter counts as upper and lower case (llama.cpp collapsing)
+    assert PreTokenizer("tekken").words("HTTPServer ÄÖÜber") == ["HTTPServer", " ÄÖÜber"]
+    with pytest.raises(SynapseError):
+        PreTokenizer("no-such-pre")
+
+
+def test_merge_kernel_order():
+    # pairs: (0,1)->5 prio 1, (1,2)->6 prio 0, (5,2)->7 prio 2: "012" merges (1,2) first
+    t = PairTable(np.array([0, 1, 5]), np.array([1, 2, 2]), np.array([1.0, 0.0, 2.0]),
+                  np.array([5, 6, 7]), 8)
+    out, st = t.merge(np.array([0, 1, 2, 0, 1, 1, 1, 2], np.int32), np.array([0, 3, 8]))
+    assert out[st[0]:st[1]].tolist() == [0, 6]
+    # 0 1 1 1 2: (1,2) first (priority 0), then (0,1) -> 5 1 6
+    assert out[st[1]:st[2]].tolist() == [5, 1, 6]
+    # (0,0)->9 with equal priority everywhere: leftmost first -> [9, 9, 0]
+    t2 = PairTable(np.array([0]), np.array([0]), np.array([0.0]), np.array([9]), 10)
+    out, _ = t2.merge(np.zeros(5, np.int32), np.array([0, 5]))
+    assert out.tolist() == [9, 9, 0]
+
+
+def test_bad_inputs(tmp_path):
+    kv = dict(open_gguf(DATA / "vocab" / "ggml-vocab-qwen2.gguf").kv)
+    with pytest.raises(SynapseError, match="tokenizer.ggml.pre"):
+        Tokenizer.from_kv({**kv, "tokenizer.ggml.pre": "bogus"})
+    with pytest.raises(SynapseError, match="tokenizer.ggml.model"):
+        Tokenizer.from_kv({k: v for k, v in kv.items() if k != "tokenizer.ggml.model"})
+    with pytest.raises(SynapseError, match="tokenizer.ggml.model"):
+        Tokenizer.from_kv({**kv, "tokenizer.ggml.model": "bert"})
+    with pytest.raises(SynapseError, match="merges"):
+        Tokenizer.from_kv({k: v for k, v in kv.items() if k != "tokenizer.ggml.merges"})
+    with pytest.raises(SynapseError, match="duplicate token"):
+        toks = list(kv["tokenizer.ggml.tokens"])
+        toks[5] = toks[4]
+        Tokenizer.from_kv({**kv, "tokenizer.ggml.tokens": toks})
+    with pytest.raises(SynapseError, match="add_bos_token"):
+        Tokenizer.from_kv({**kv, "tokenizer.ggml.add_bos_token": True,
+                           "tokenizer.ggml.bos_token_id": 10**9, "tokenizer.ggml.model": "gpt2",
+                           "tokenizer.ggml.tokens": kv["tokenizer.ggml.tokens"][:10],
+                           "tokenizer.ggml.token_type": kv["tokenizer.ggml.token_type"][:10]})
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(SynapseError):
+        load_tokenizer(bad)
+    with pytest.raises(TypeError):
+        tok("qwen2").tokenize(123)
