@@ -1,0 +1,715 @@
+"""K-quant weight formats (Q2_K..Q6_K, IQ4_XS) and the Q8_K activation quantizer.
+
+Row kernels that reproduce ggml's CPU backend bit for bit:
+
+- ``dequantize_row_T(out, w_row)``: ggml-quants.c ``dequantize_row_T`` (equal to
+  ``gguf.quants.dequantize``: every value is ``dl * q - ml`` in float32, unfused).
+- ``quantize_row_q8_K(out, x)``: ggml-quants.c ``quantize_row_q8_K_ref``, which is what
+  ggml-cpu's x86 ``quantize_row_q8_K`` calls.
+- ``vec_dot_T_q8_K(w_row, a_row)``: ggml-cpu/arch/x86/quants.c ``ggml_vec_dot_T_q8_K``,
+  AVX2 path (the AVX-512 build compiles the same code), as vendored in llama-cpp-python
+  0.3.36 (llama.cpp 0c1e570), built by gcc -O3 -march=native -std=gnu11.
+
+How the x86 dots accumulate, and how we reproduce it.  Each 256-value super-block is
+reduced to eight int32 "lanes" (one per 32-bit element of a __m256i): lane k holds the
+exact integer sum, over every 32-value chunk of the block, of sub-block scale * q * q8
+for the four values at positions 4k..4k+3 of the chunk (maddubs + madd pair them up
+that way).  Integer sums are exact, so we may form them in any order.  The floats are
+then accumulated per lane across blocks with one fused multiply-add each,
+``acc[k] = fma(d, float(lane[k]), acc[k])`` with ``d = y.d * fp16(x.d)``, and reduced at
+the end by ``hsum_float_8``: ``((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))``.  The min terms:
+Q2_K adds ``fma(-y.d*dmin, madd(mins, bsums))`` into the same eight lanes first; Q4_K
+keeps a separate four-lane accumulator reduced as ``(m0+m2)+(m1+m3)`` and added last;
+Q5_K keeps a scalar ``summs += dmin * sum(mins * q8sums)`` (fused: gcc contracts it to
+vfmadd231ss) added last.  Q6_K multiplies the unsigned 6-bit values and subtracts
+``32 * (scale * bsums)`` per lane afterwards (lane k gets sub-blocks 2k and 2k+1).
+
+Weights and activations are the raw GGUF/ggml block bytes (uint8).  The kernels do not
+bounds-check: callers validate that a row holds whole blocks and that weights and
+activations have the same number of blocks.  Activations are a Q8_K row: per 256 values
+f32 d, 256 int8 qs, 16 int16 bsums (292 bytes).
+"""
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+QK_K = 256
+Q8_K_BYTES = 292
+Q2_K_BYTES = 84
+Q3_K_BYTES = 110
+Q4_K_BYTES = 144
+Q5_K_BYTES = 176
+Q6_K_BYTES = 210
+IQ4_XS_BYTES = 136
+
+# ggml-common.h kvalues_iq4nl: the 16 non-linear IQ4 levels.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                          1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+# ---------------------------------------------------------------------------------------
+# Low-level helpers (LLVM intrinsics Numba does not expose)
+# ---------------------------------------------------------------------------------------
+
+@intrinsic
+def _fma_f32(typingctx, a, b, c):
+    """Single-rounding a*b + c on float32 (llvm.fma.f32, the vfmadd ggml's _mm256_fmadd_ps uses)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]),
+                                            "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def _u32_as_f32(typingctx, u):
+    """Reinterpret the bits of a uint32 as a float32."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_as_u32(typingctx, f):
+    """Reinterpret the bits of a float32 as a uint32."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _stack_i32(typingctx, n):
+    """Pointer to n int32 on the caller's stack (n a literal): scratch without a heap allocation."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.IntType(32), size=size)
+
+    return types.CPointer(types.int32)(n), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _stack_f32(typingctx, n):
+    """Pointer to n float32 on the caller's stack (n a literal)."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
+
+    return types.CPointer(types.float32)(n), codegen
+
+
+@intrinsic
+def _half_bits_to_f32(typingctx, u):
+    """IEEE half (bits in a uint16) -> float32, exactly (LLVM fpext: vcvtph2ps with F16C)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _f16(w, o):
+    """IEEE half at bytes w[o], w[o+1] (little endian) -> float32, exactly (GGML_FP16_TO_FP32)."""
+    return _half_bits_to_f32(np.uint16(w[o]) | (np.uint16(w[o + 1]) << np.uint16(8)))
+
+
+@njit(cache=True)
+def _f32(w, o):
+    """float32 at bytes w[o..o+3] (little endian)."""
+    u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
+         | (np.uint32(w[o + 2]) << np.uint32(16)) | (np.uint32(w[o + 3]) << np.uint32(24)))
+    return _u32_as_f32(u)
+
+
+@njit(cache=True)
+def _hsum8(a):
+    """ggml hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), float32."""
+    r0 = a[0] + a[4]
+    r1 = a[1] + a[5]
+    r2 = a[2] + a[6]
+    r3 = a[3] + a[7]
+    return (r0 + r2) + (r1 + r3)
+
+
+@intrinsic
+def _lanes_fma(typingctx, acc, d, p):
+    """acc[k] = fma(d, float32(p[4k] + p[4k+1] + p[4k+2] + p[4k+3]), acc[k]) for k = 0..7.
+
+    acc: float32[>= 8], d: float32, p: int32[>= 32] (C-contiguous).  The lane sums are
+    exact int32 (as ggml's __m256i sumi), each lane gets one fused multiply-add (as
+    _mm256_fmadd_ps).  Written as one LLVM vector operation (<8 x float> llvm.fma) because
+    Numba compiles the scalar form to 8 extract/convert/fma sequences.
+    """
+    sig = types.void(acc, types.float32, p)
+
+    def codegen(context, builder, signature, args):
+        acc_t, _, p_t = signature.args
+        acc_v, d_v, p_v = args
+        acc_a = context.make_array(acc_t)(context, builder, acc_v)
+        p_a = context.make_array(p_t)(context, builder, p_v)
+        i32 = ir.IntType(32)
+        f32 = ir.FloatType()
+        v32i = ir.VectorType(i32, 32)
+        v8f = ir.VectorType(f32, 8)
+        P = builder.load(builder.bitcast(p_a.data, v32i.as_pointer()), align=4)
+
+        def pick(off):
+            return builder.shuffle_vector(P, ir.Constant(v32i, None),
+                                          ir.Constant(ir.VectorType(i32, 8), [4 * k + off for k in range(8)]))
+
+        lanes = builder.add(builder.add(pick(0), pick(1)), builder.add(pick(2), pick(3)))
+        dsplat = builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, None), d_v, ir.Constant(i32, 0)),
+                                        ir.Constant(v8f, None), ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        acc_p = builder.bitcast(acc_a.data, v8f.as_pointer())
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
+                                             "llvm.fma.v8f32")
+        builder.store(builder.call(fma, [dsplat, builder.sitofp(lanes, v8f), builder.load(acc_p, align=4)]),
+                      acc_p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _k4_scale_min(w, o, j):
+    """ggml get_scale_min_k4: 6-bit scale and min j (0..7) of a Q4_K/Q5_K block, scales at w[o..o+11]."""
+    if j < 4:
+        sc = np.int32(w[o + j]) & np.int32(63)
+        m = np.int32(w[o + j + 4]) & np.int32(63)
+    else:
+        sc = (np.int32(w[o + j + 4]) & np.int32(15)) | ((np.int32(w[o + j - 4]) >> np.int32(6)) << np.int32(4))
+        m = (np.int32(w[o + j + 4]) >> np.int32(4)) | ((np.int32(w[o + j]) >> np.int32(6)) << np.int32(4))
+    return sc, m
+
+
+@njit(cache=True)
+def _q3_scale(w, o, i):
+    """Q3_K 6-bit scale i (0..15) minus 32, scales at w[o..o+11]."""
+    lo = (np.int32(w[o + (i & 7)]) >> np.int32(4 * (i >> 3))) & np.int32(15)
+    hi = (np.int32(w[o + 8 + (i & 3)]) >> np.int32(2 * (i >> 2))) & np.int32(3)
+    return (lo | (hi << np.int32(4))) - np.int32(32)
+
+
+# ---------------------------------------------------------------------------------------
+# Q8_K activations
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def quantize_row_q8_K(out, x):
+    """Quantize one activation row to Q8_K blocks (ggml-quants.c quantize_row_q8_K_ref,
+    which ggml-cpu's x86 quantize_row_q8_K calls).
+
+    out: uint8[(len(x) // 256) * 292], written; x: float32[n], n a multiple of 256.
+    Per block: max = the first value of largest magnitude (signed), iscale = -127/max,
+    q = min(127, round-half-even(iscale * x)), d = 1/iscale (f32), bsums = sums of 16 q.
+    An all-zero block gets d = 0 and zero qs and bsums.
+    """
+    nb = x.size // QK_K
+    o8 = out.view(np.int8)
+    for i in range(nb):
+        xo = i * QK_K
+        bo = i * Q8_K_BYTES
+        amax = np.float32(0.0)
+        vmax = np.float32(0.0)
+        for j in range(QK_K):
+            ax = abs(x[xo + j])
+            if ax > amax:
+                amax = ax
+                vmax = x[xo + j]
+        if amax == 0:
+            for j in range(Q8_K_BYTES):
+                out[bo + j] = 0
+            continue
+        iscale = np.float32(-127.0) / vmax
+        for j in range(QK_K):
+            # nearest_int: round half to even of the float32 product (|v| <= 127 here)
+            v = np.rint(iscale * x[xo + j])
+            o8[bo + 4 + j] = np.int8(min(np.float32(127.0), v))
+        d = np.float32(1.0) / iscale
+        ud = _f32_as_u32(d)
+        for j in range(4):
+            out[bo + j] = np.uint8((ud >> np.uint32(8 * j)) & np.uint32(255))
+        for j in range(16):
+            s = np.int32(0)
+            for l in range(16):
+                s += np.int32(o8[bo + 4 + 16 * j + l])
+            out[bo + 260 + 2 * j] = np.uint8(s & 255)
+            out[bo + 261 + 2 * j] = np.uint8((s >> 8) & 255)
+
+
+# ---------------------------------------------------------------------------------------
+# Dequantization (ggml-quants.c dequantize_row_*, = gguf.quants.dequantize)
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def dequantize_row_q2_K(out, w_row):
+    """Q2_K row -> float32 (ggml-quants.c dequantize_row_q2_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*84] (scales[16] (4-bit scale | 4-bit min << 4),
+    qs[64] 2-bit, f16 d, f16 dmin).  y = (d*scale)*q - (dmin*min).
+    """
+    nb = w_row.size // Q2_K_BYTES
+    for i in range(nb):
+        o = i * Q2_K_BYTES
+        d = _f16(w_row, o + 80)
+        dmin = _f16(w_row, o + 82)
+        for j in range(2):
+            for s in range(4):
+                for h in range(2):
+                    sb = 8 * j + 2 * s + h
+                    sc = np.int32(w_row[o + sb])
+                    dl = d * np.float32(sc & 15)
+                    ml = dmin * np.float32(sc >> 4)
+                    base = i * QK_K + 128 * j + 32 * s + 16 * h
+                    for t in range(16):
+                        q = (np.int32(w_row[o + 16 + 32 * j + 16 * h + t]) >> np.int32(2 * s)) & np.int32(3)
+                        out[base + t] = dl * np.float32(q) - ml
+
+
+@njit(cache=True)
+def dequantize_row_q3_K(out, w_row):
+    """Q3_K row -> float32 (ggml-quants.c dequantize_row_q3_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*110] (hmask[32], qs[64] 2-bit, scales[12] 6-bit,
+    f16 d).  y = (d*(scale-32)) * (q2 - (hbit ? 0 : 4)).
+    """
+    nb = w_row.size // Q3_K_BYTES
+    for i in range(nb):
+        o = i * Q3_K_BYTES
+        d = _f16(w_row, o + 108)
+        for j in range(2):
+            for s in range(4):
+                for h in range(2):
+                    sb = 8 * j + 2 * s + h
+                    dl = d * np.float32(_q3_scale(w_row, o + 96, sb))
+                    base = i * QK_K + 128 * j + 32 * s + 16 * h
+                    for t in range(16):
+                        l = 16 * h + t
+                        ql = (np.int32(w_row[o + 32 + 32 * j + l]) >> np.int32(2 * s)) & np.int32(3)
+                        hb = (np.int32(w_row[o + l]) >> np.int32(4 * j + s)) & np.int32(1)
+                        out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
+
+
+@njit(cache=True)
+def dequantize_row_q4_K(out, w_row):
+    """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*144] (f16 d, f16 dmin, scales[12] 6-bit
+    scales and mins, qs[128] 4-bit).  y = (d*sc)*q - (dmin*m).
+    """
+    nb = w_row.size // Q4_K_BYTES
+    for i in range(nb):
+        o = i * Q4_K_BYTES
+        d = _f16(w_row, o)
+        dmin = _f16(w_row, o + 2)
+        for j in range(4):
+            sc1, m1 = _k4_scale_min(w_row, o + 4, 2 * j)
+            sc2, m2 = _k4_scale_min(w_row, o + 4, 2 * j + 1)
+            d1 = d * np.float32(sc1)
+            mm1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            mm2 = dmin * np.float32(m2)
+            base = i * QK_K + 64 * j
+            for t in range(32):
+                b = np.int32(w_row[o + 16 + 32 * j + t])
+                out[base + t] = d1 * np.float32(b & np.int32(15)) - mm1
+                out[base + 32 + t] = d2 * np.float32(b >> np.int32(4)) - mm2
+
+
+@njit(cache=True)
+def dequantize_row_q5_K(out, w_row):
+    """Q5_K row -> float32 (ggml-quants.c dequantize_row_q5_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*176] (f16 d, f16 dmin, scales[12], qh[32] high
+    bits, qs[128] low nibbles).  y = (d*sc)*q - (dmin*m).
+    """
+    nb = w_row.size // Q5_K_BYTES
+    for i in range(nb):
+        o = i * Q5_K_BYTES
+        d = _f16(w_row, o)
+        dmin = _f16(w_row, o + 2)
+        for j in range(4):
+            sc1, m1 = _k4_scale_min(w_row, o + 4, 2 * j)
+            sc2, m2 = _k4_scale_min(w_row, o + 4, 2 * j + 1)
+            d1 = d * np.float32(sc1)
+            mm1 = dmin * np.float32(m1)
+            d2 = d * np.float32(sc2)
+            mm2 = dmin * np.float32(m2)
+            base = i * QK_K + 64 * j
+            for t in range(32):
+                b = np.int32(w_row[o + 48 + 32 * j + t])
+                h = np.int32(w_row[o + 16 + t])
+                q1 = (b & np.int32(15)) | (((h >> np.int32(2 * j)) & np.int32(1)) << np.int32(4))
+                q2 = (b >> np.int32(4)) | (((h >> np.int32(2 * j + 1)) & np.int32(1)) << np.int32(4))
+                out[base + t] = d1 * np.float32(q1) - mm1
+                out[base + 32 + t] = d2 * np.float32(q2) - mm2
+
+
+@njit(cache=True)
+def dequantize_row_q6_K(out, w_row):
+    """Q6_K row -> float32 (ggml-quants.c dequantize_row_q6_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*210] (ql[128] low nibbles, qh[64] high 2 bits,
+    int8 scales[16], f16 d).  y = (d*scale) * (q - 32).
+    """
+    nb = w_row.size // Q6_K_BYTES
+    for i in range(nb):
+        o = i * Q6_K_BYTES
+        d = _f16(w_row, o + 208)
+        for j in range(2):
+            for t in range(32):
+                a = np.int32(w_row[o + 64 * j + t])
+                b = np.int32(w_row[o + 64 * j + 32 + t])
+                h = np.int32(w_row[o + 128 + 32 * j + t])
+                q1 = ((a & np.int32(15)) | ((h & np.int32(3)) << np.int32(4))) - np.int32(32)
+                q2 = ((b & np.int32(15)) | (((h >> np.int32(2)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+                q3 = ((a >> np.int32(4)) | (((h >> np.int32(4)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+                q4 = ((b >> np.int32(4)) | (((h >> np.int32(6)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+                isc = o + 192 + 8 * j + t // 16
+                base = i * QK_K + 128 * j + t
+                out[base] = (d * np.float32(np.int8(w_row[isc]))) * np.float32(q1)
+                out[base + 32] = (d * np.float32(np.int8(w_row[isc + 2]))) * np.float32(q2)
+                out[base + 64] = (d * np.float32(np.int8(w_row[isc + 4]))) * np.float32(q3)
+                out[base + 96] = (d * np.float32(np.int8(w_row[isc + 6]))) * np.float32(q4)
+
+
+@njit(cache=True)
+def dequantize_row_iq4_xs(out, w_row):
+    """IQ4_XS row -> float32 (ggml-quants.c dequantize_row_iq4_xs).
+
+    out: float32[nb*256]; w_row: uint8[nb*136] (f16 d, u16 scales_h, scales_l[4], qs[128]
+    4-bit indices into kvalues_iq4nl).  y = (d*(ls-32)) * kvalues[q].
+    """
+    nb = w_row.size // IQ4_XS_BYTES
+    kv = KVALUES_IQ4NL
+    for i in range(nb):
+        o = i * IQ4_XS_BYTES
+        d = _f16(w_row, o)
+        sh = np.int32(w_row[o + 2]) | (np.int32(w_row[o + 3]) << np.int32(8))
+        for ib in range(8):
+            ls = ((np.int32(w_row[o + 4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15)) \
+                | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))
+            dl = d * np.float32(ls - np.int32(32))
+            base = i * QK_K + 32 * ib
+            for t in range(16):
+                b = np.int32(w_row[o + 8 + 16 * ib + t])
+                out[base + t] = dl * np.float32(kv[b & np.int32(15)])
+                out[base + 16 + t] = dl * np.float32(kv[b >> np.int32(4)])
+
+
+# ---------------------------------------------------------------------------------------
+# Dot products with Q8_K activations (ggml-cpu/arch/x86/quants.c, AVX2 path)
+# ---------------------------------------------------------------------------------------
+# Every kernel below forms, per super-block, p[t] (t = 0..31) = sum over the block's eight
+# 32-value chunks of scale * q * q8 at position t of the chunk (int32, exact), so that
+# lane k = p[4k] + ... + p[4k+3] is exactly the k-th int32 of ggml's __m256i sumi.  Scales
+# are unpacked once per block into a small stack array; the inner loops are flat and
+# branch-free so that LLVM vectorizes them (zmm vpmaddwd / vpdpwssd on this machine).
+# Activations: d at byte 292*i (f32), qs at 292*i + 4 (int8), bsums at int16 index 146*i + 130.
+# ``scratch`` (driver contract, int32[>= 2K+128]) is accepted but not needed: the per-block
+# buffers live on the stack.
+
+
+@njit(cache=True)
+def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
+    """Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*84]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block, eight
+    lanes get fma(-y.d*dmin, mins[2k]*bsums[2k] + mins[2k+1]*bsums[2k+1]), then
+    fma(y.d*d, lane k); result hsum_float_8.
+    """
+    nb = w_row.size // Q2_K_BYTES
+    a8 = a_row.view(np.int8)
+    a16 = a_row.view(np.int16)
+    p = carray(_stack_i32(32), 32)
+    sc = carray(_stack_i32(32), 32)
+    ss = carray(_stack_i32(32), 32)
+    acc = carray(_stack_f32(8), 8)
+    for k in range(8):
+        acc[k] = np.float32(0.0)
+    for i in range(nb):
+        o = i * Q2_K_BYTES
+        yo = i * Q8_K_BYTES
+        bo = i * (Q8_K_BYTES // 2) + 130
+        yd = _f32(a_row, yo)
+        d = yd * _f16(w_row, o + 80)
+        dmin = -yd * _f16(w_row, o + 82)
+        for j in range(16):
+            b = np.int32(w_row[o + j])
+            sc[j] = b & np.int32(15)
+            sc[16 + j] = b >> np.int32(4)
+        for k in range(8):
+            prod = (sc[16 + 2 * k] * np.int32(a16[bo + 2 * k])
+                    + sc[17 + 2 * k] * np.int32(a16[bo + 2 * k + 1]))
+            acc[k] = _fma_f32(dmin, np.float32(prod), acc[k])
+        for t in range(32):
+            p[t] = 0
+        for j in range(2):
+            for s in range(4):
+                for t in range(16):
+                    ss[t] = sc[8 * j + 2 * s]
+                    ss[16 + t] = sc[8 * j + 2 * s + 1]
+                sh = np.int32(2 * s)
+                qo = yo + 4 + 128 * j + 32 * s
+                wo = o + 16 + 32 * j
+                for t in range(32):
+                    q = (np.int32(w_row[wo + t]) >> sh) & np.int32(3)
+                    p[t] += ss[t] * q * np.int32(a8[qo + t])
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc)
+
+
+@njit(cache=True)
+def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
+    """Dot of a Q3_K row with a Q8_K row -> float32 (ggml_vec_dot_q3_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*110]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k) over (scale-32) * (q2 - (hbit ? 0 : 4)) * q8.
+    """
+    nb = w_row.size // Q3_K_BYTES
+    a8 = a_row.view(np.int8)
+    p = carray(_stack_i32(32), 32)
+    sc = carray(_stack_i32(16), 16)
+    ss = carray(_stack_i32(32), 32)
+    acc = carray(_stack_f32(8), 8)
+    for k in range(8):
+        acc[k] = np.float32(0.0)
+    for i in range(nb):
+        o = i * Q3_K_BYTES
+        yo = i * Q8_K_BYTES
+        d = _f32(a_row, yo) * _f16(w_row, o + 108)
+        for j in range(16):
+            sc[j] = _q3_scale(w_row, o + 96, j)
+        for t in range(32):
+            p[t] = 0
+        for j in range(2):
+            for s in range(4):
+                for t in range(16):
+                    ss[t] = sc[8 * j + 2 * s]
+                    ss[16 + t] = sc[8 * j + 2 * s + 1]
+                sh = np.int32(2 * s)
+                hs = np.int32(4 * j + s)
+                qo = yo + 4 + 128 * j + 32 * s
+                wo = o + 32 + 32 * j
+                for t in range(32):
+                    q = (((np.int32(w_row[wo + t]) >> sh) & np.int32(3)) - np.int32(4)
+                         + (((np.int32(w_row[o + t]) >> hs) & np.int32(1)) << np.int32(2)))
+                    p[t] += ss[t] * q * np.int32(a8[qo + t])
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc)
+
+
+@njit(cache=True)
+def _k4_unpack(sc, w, o):
+    """Unpack the 12 packed bytes at w[o..o+11] into sc[0..7] = scales, sc[8..15] = mins
+    (ggml get_scale_min_k4 for j = 0..7)."""
+    for j in range(4):
+        b0 = np.int32(w[o + j])
+        b1 = np.int32(w[o + 4 + j])
+        b2 = np.int32(w[o + 8 + j])
+        sc[j] = b0 & np.int32(63)
+        sc[8 + j] = b1 & np.int32(63)
+        sc[4 + j] = (b2 & np.int32(15)) | ((b0 >> np.int32(6)) << np.int32(4))
+        sc[12 + j] = (b2 >> np.int32(4)) | ((b1 >> np.int32(6)) << np.int32(4))
+
+
+@njit(cache=True)
+def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
+    """Dot of a Q4_K row with a Q8_K row -> float32 (ggml_vec_dot_q4_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*144]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k); four min lanes accm[m] = fma(-y.d*dmin,
+    mins[2m]*s[2m] + mins[2m+1]*s[2m+1]) with s[c] = bsums[2c] + bsums[2c+1].
+    Result hsum_float_8(acc) + ((accm0+accm2) + (accm1+accm3)).
+    """
+    nb = w_row.size // Q4_K_BYTES
+    a8 = a_row.view(np.int8)
+    a16 = a_row.view(np.int16)
+    p = carray(_stack_i32(32), 32)
+    sc = carray(_stack_i32(16), 16)
+    acc = carray(_stack_f32(12), 12)
+    for k in range(12):
+        acc[k] = np.float32(0.0)
+    for i in range(nb):
+        o = i * Q4_K_BYTES
+        yo = i * Q8_K_BYTES
+        bo = i * (Q8_K_BYTES // 2) + 130
+        yd = _f32(a_row, yo)
+        d = yd * _f16(w_row, o)
+        dmin = -yd * _f16(w_row, o + 2)
+        _k4_unpack(sc, w_row, o + 4)
+        for m in range(4):
+            qa = np.int32(a16[bo + 4 * m]) + np.int32(a16[bo + 4 * m + 1])
+            qb = np.int32(a16[bo + 4 * m + 2]) + np.int32(a16[bo + 4 * m + 3])
+            acc[8 + m] = _fma_f32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qb), acc[8 + m])
+        for t in range(32):
+            p[t] = 0
+        for j in range(4):
+            s1 = sc[2 * j]
+            s2 = sc[2 * j + 1]
+            qo = yo + 4 + 64 * j
+            wo = o + 16 + 32 * j
+            for t in range(32):
+                b = np.int32(w_row[wo + t])
+                p[t] += (s1 * (b & np.int32(15)) * np.int32(a8[qo + t])
+                         + s2 * (b >> np.int32(4)) * np.int32(a8[qo + 32 + t]))
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
+
+
+@njit(cache=True)
+def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
+    """Dot of a Q5_K row with a Q8_K row -> float32 (ggml_vec_dot_q5_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*176]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k); summs = fma(-y.d*dmin, sum_c mins[c]*(bsums[2c] +
+    bsums[2c+1]), summs).  Result hsum_float_8(acc) + summs.
+    """
+    nb = w_row.size // Q5_K_BYTES
+    a8 = a_row.view(np.int8)
+    a16 = a_row.view(np.int16)
+    p = carray(_stack_i32(32), 32)
+    sc = carray(_stack_i32(16), 16)
+    acc = carray(_stack_f32(8), 8)
+    for k in range(8):
+        acc[k] = np.float32(0.0)
+    summs = np.float32(0.0)
+    for i in range(nb):
+        o = i * Q5_K_BYTES
+        yo = i * Q8_K_BYTES
+        bo = i * (Q8_K_BYTES // 2) + 130
+        yd = _f32(a_row, yo)
+        d = yd * _f16(w_row, o)
+        dmin = -yd * _f16(w_row, o + 2)
+        _k4_unpack(sc, w_row, o + 4)
+        msum = np.int32(0)
+        for c in range(8):
+            msum += sc[8 + c] * (np.int32(a16[bo + 2 * c]) + np.int32(a16[bo + 2 * c + 1]))
+        summs = _fma_f32(dmin, np.float32(msum), summs)
+        for t in range(32):
+            p[t] = 0
+        for j in range(4):
+            s1 = sc[2 * j]
+            s2 = sc[2 * j + 1]
+            h1 = np.int32(2 * j)
+            h2 = np.int32(2 * j + 1)
+            qo = yo + 4 + 64 * j
+            wo = o + 48 + 32 * j
+            for t in range(32):
+                b = np.int32(w_row[wo + t])
+                h = np.int32(w_row[o + 16 + t])
+                q1 = (b & np.int32(15)) | (((h >> h1) & np.int32(1)) << np.int32(4))
+                q2 = (b >> np.int32(4)) | (((h >> h2) & np.int32(1)) << np.int32(4))
+                p[t] += s1 * q1 * np.int32(a8[qo + t]) + s2 * q2 * np.int32(a8[qo + 32 + t])
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc) + summs
+
+
+@njit(cache=True)
+def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
+    """Dot of a Q6_K row with a Q8_K row -> float32 (ggml_vec_dot_q6_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*210]; a_row: uint8[nb*292]; scratch: int32 (unused).  ggml multiplies
+    the unsigned 6-bit values (0..63) and takes the -32 offset out afterwards, per lane:
+    lane k = sum(scale * q * q8 at positions 4k..4k+3 of each chunk)
+             - 32 * (scale[2k]*bsums[2k] + scale[2k+1]*bsums[2k+1]),
+    then acc[k] = fma(y.d*d, lane k, acc[k]); result hsum_float_8.
+    """
+    nb = w_row.size // Q6_K_BYTES
+    a8 = a_row.view(np.int8)
+    a16 = a_row.view(np.int16)
+    p = carray(_stack_i32(32), 32)
+    sc = carray(_stack_i32(16), 16)
+    acc = carray(_stack_f32(8), 8)
+    for k in range(8):
+        acc[k] = np.float32(0.0)
+    for i in range(nb):
+        o = i * Q6_K_BYTES
+        yo = i * Q8_K_BYTES
+        bo = i * (Q8_K_BYTES // 2) + 130
+        d = _f32(a_row, yo) * _f16(w_row, o + 208)
+        for j in range(16):
+            sc[j] = np.int32(np.int8(w_row[o + 192 + j]))
+        for t in range(32):
+            p[t] = 0
+        for j in range(2):
+            qo = yo + 4 + 128 * j
+            lo = o + 64 * j
+            ho = o + 128 + 32 * j
+            for h in range(2):
+                s1 = sc[8 * j + h]
+                s2 = sc[8 * j + 2 + h]
+                s3 = sc[8 * j + 4 + h]
+                s4 = sc[8 * j + 6 + h]
+                for t in range(16 * h, 16 * h + 16):
+                    a = np.int32(w_row[lo + t])
+                    b = np.int32(w_row[lo + 32 + t])
+                    hb = np.int32(w_row[ho + t])
+                    q1 = (a & np.int32(15)) | ((hb & np.int32(3)) << np.int32(4))
+                    q2 = (b & np.int32(15)) | (((hb >> np.int32(2)) & np.int32(3)) << np.int32(4))
+                    q3 = (a >> np.int32(4)) | (((hb >> np.int32(4)) & np.int32(3)) << np.int32(4))
+                    q4 = (b >> np.int32(4)) | (((hb >> np.int32(6)) & np.int32(3)) << np.int32(4))
+                    p[t] += (s1 * q1 * np.int32(a8[qo + t]) + s2 * q2 * np.int32(a8[qo + 32 + t])
+                             + s3 * q3 * np.int32(a8[qo + 64 + t]) + s4 * q4 * np.int32(a8[qo + 96 + t]))
+        for k in range(8):
+            # the -32 offset of lane k: sub-blocks 2k, 2k+1 (ggml's q8sclsub), exact int32
+            p[4 * k] -= (sc[2 * k] * np.int32(a16[bo + 2 * k])
+                         + sc[2 * k + 1] * np.int32(a16[bo + 2 * k + 1])) << np.int32(5)
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc)
+
+
+@njit(cache=True)
+def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
+    """Dot of an IQ4_XS row with a Q8_K row -> float32 (ggml_vec_dot_iq4_xs_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*136]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(fp16(d)*y.d, lane k) over (ls - 32) * kvalues[q] * q8.
+    """
+    nb = w_row.size // IQ4_XS_BYTES
+    a8 = a_row.view(np.int8)
+    kv = KVALUES_IQ4NL
+    p = carray(_stack_i32(32), 32)
+    acc = carray(_stack_f32(8), 8)
+    for k in range(8):
+        acc[k] = np.float32(0.0)
+    for i in range(nb):
+        o = i * IQ4_XS_BYTES
+        yo = i * Q8_K_BYTES
+        d = _f16(w_row, o) * _f32(a_row, yo)
+        sh = np.int32(w_row[o + 2]) | (np.int32(w_row[o + 3]) << np.int32(8))
+        for t in range(32):
+            p[t] = 0
+        for ib in range(8):
+            ls = (((np.int32(w_row[o + 4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
+                  | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+            qo = yo + 4 + 32 * ib
+            wo = o + 8 + 16 * ib
+            for t in range(16):
+                b = np.int32(w_row[wo + t])
+                p[t] += ls * np.int32(kv[b & np.int32(15)]) * np.int32(a8[qo + t])
+                p[16 + t] += ls * np.int32(kv[b >> np.int32(4)]) * np.int32(a8[qo + 16 + t])
+        _lanes_fma(acc, d, p)
+    return _hsum8(acc)
