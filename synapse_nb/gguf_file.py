@@ -175,6 +175,8 @@ class _Reader:
         # slices of a memoryview (no copy before decoding). A length running past the
         # end makes a short slice here and is caught by the position check after the loop.
         mv, pos, unpack = self.mv, self.pos, _U64.unpack_from
+        if pos + 8 * n > self.size:  # each string has at least its 8-byte length: a bad count fails here
+            raise _Truncated
         out = [None] * n
         try:
             for i in range(n):

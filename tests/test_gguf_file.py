@@ -161,6 +161,12 @@ def test_truncated_header(tmp_path, size):
     assert ("truncated" in msg) if size >= 4 else ("not a GGUF" in msg)
 
 
+def test_huge_array_count(tmp_path):
+    r = GGUFReader(SRC)
+    off = part_offset(r, r.fields["tokenizer.ggml.tokens"].parts[4])  # parts: klen, key, type, etype, count
+    assert_error(_damaged(tmp_path, [(off, (2**60).to_bytes(8, "little"))]), "truncated")
+
+
 def test_tensor_data_past_end_of_file(tmp_path):
     size = SRC.stat().st_size
     assert_error(_damaged(tmp_path, size=size - 1), "blk.1.ffn_down.weight", "past the end of the file")
