@@ -1,0 +1,142 @@
+"""Numba kernels for attention over an F16 KV cache, as llama.cpp runs it with flash attention off.
+
+The cache layout is llama.cpp's (llama-kv-cache.cpp, v_trans = true without flash attention):
+K of one layer is uint16 F16 bits [n_ctx, n_head_kv * head_dim_k] (one row per position), V is
+stored transposed, uint16 [n_head_kv * head_dim_v, n_ctx] (one row per channel).
+
+For query position p the reference graph (llama-graph.cpp build_attn_mha) computes
+  kq  = mul_mat(K, q)      q converted to F16 (ggml_cpu_fp32_to_fp16), then ggml_vec_dot_f16
+                           of each cached K row with it (ggml-cpu/vec.cpp)
+  kq  = soft_max_ext(kq, mask, scale)     ggml_compute_forward_soft_max_f32: kq * scale, the
+                           causal mask (-inf beyond p), max, ggml_vec_soft_max_f32 (ggml_v_expf
+                           on 16 lanes, each 16-lane sum reduced in float and added in double),
+                           then * (float)(1.0 / sum)
+  kqv = mul_mat(V^T, kq)   kq converted to F16, ggml_vec_dot_f16 of each V channel row with it
+over n_kv cache cells (a multiple of 256): cells beyond p are masked, their probability is 0 and
+they add nothing, so only cells 0..p are visited here (the zero products llama.cpp adds leave
+every accumulator unchanged).
+
+ggml_vec_dot_f16 on AVX-512 (GGML_F16_DOT_* = F32x16): four 16-lane float accumulators, element
+i of each 64-element step going to accumulator (i % 64) // 16, lane i % 16, by fma; then
+acc0 += acc2, acc1 += acc3, acc0 += acc1, _mm512_reduce_add_ps, converted to double; elements
+past the last full 64-step are added one by one in double; the result is rounded to float.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .common import F16_TO_F32_TABLE, f32_bits, f32_to_f16_bits, fma32, reduce_add_16
+from .ops import v_expf
+
+_F32 = np.float32
+
+
+@njit(cache=True, inline="always")
+def _f16_round(x):
+    """float32 -> nearest F16 value, returned as float32 (GGML_CPU_FP32_TO_FP16 then back)."""
+    return F16_TO_F32_TABLE[f32_to_f16_bits(x, f32_bits(x))]
+
+
+@njit(cache=True, inline="always")
+def _reduce_4x16(acc, lanes):
+    """GGML_F32x16_REDUCE of acc[0:64] (four 16-lane vectors) into float; lanes: float32[16] scratch."""
+    for l in range(16):
+        a0 = acc[l] + acc[32 + l]
+        a1 = acc[16 + l] + acc[48 + l]
+        lanes[l] = a0 + a1
+    return reduce_add_16(lanes)
+
+
+@njit(cache=True, inline="always")
+def _dot_f16(xb, y, n, acc, lanes):
+    """ggml_vec_dot_f16 (AVX-512) of F16 bits xb[0:n] with F16-valued float32 y[0:n] -> float32."""
+    n64 = n - n % 64
+    for l in range(64):
+        acc[l] = _F32(0.0)
+    for i in range(0, n64, 64):
+        for l in range(64):
+            acc[l] = fma32(F16_TO_F32_TABLE[xb[i + l]], y[i + l], acc[l])
+    s = np.float64(_reduce_4x16(acc, lanes))
+    for i in range(n64, n):
+        s += np.float64(F16_TO_F32_TABLE[xb[i]] * y[i])
+    return _F32(s)
+
+
+@njit(cache=True, parallel=True)
+def store_kv(k_cache, v_cache, k, v, pos0):
+    """Append rows to one layer's cache as F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
+
+    k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed);
+    k: float32 [N, n_embd_k]; v: float32 [N, n_embd_v]; row t goes to position pos0 + t.
+    """
+    n = k.shape[0]
+    for t in prange(n):
+        p = pos0 + t
+        for i in range(k.shape[1]):
+            x = k[t, i]
+            k_cache[p, i] = f32_to_f16_bits(x, f32_bits(x))
+        for i in range(v.shape[1]):
+            x = v[t, i]
+            v_cache[i, p] = f32_to_f16_bits(x, f32_bits(x))
+
+
+@njit(cache=True, parallel=True)
+def attention_rows(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+    """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
+
+    out: float32 [N, n_head * head_dim_v]; q: float32 [N, n_head * head_dim_k] (after RoPE);
+    k_cache, v_cache: one layer's cache (see module doc), holding positions 0..pos0+N-1;
+    kq_scale: float32 (1/sqrt(head_dim)). Query head h reads KV head h // (n_head / n_head_kv).
+    Each (row, head) is computed by one thread in a fixed order: results do not depend on the
+    thread count, and row t equals a one-row call at position pos0 + t bit for bit.
+    """
+    n = q.shape[0]
+    gqa = n_head // n_head_kv
+    for th in prange(n * n_head):
+        t = th // n_head
+        h = th % n_head
+        kvh = h // gqa
+        p = pos0 + t
+        n_kv = p + 1
+        n_kv16 = (n_kv + 15) // 16 * 16
+        acc = np.empty(64, np.float32)
+        lanes = np.empty(16, np.float32)
+        qh = np.empty(head_dim_k, np.float32)
+        w = np.empty(n_kv16, np.float32)
+        # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
+        for i in range(head_dim_k):
+            qh[i] = _f16_round(q[t, h * head_dim_k + i])
+        # scores kq[j] = K[j] . q, scaled (soft_max_ext: ggml_vec_scale_f32, then + mask 0)
+        k0 = kvh * head_dim_k
+        mx = _F32(-np.inf)
+        for j in range(n_kv):
+            s = _dot_f16(k_cache[j, k0:k0 + head_dim_k], qh, head_dim_k, acc, lanes) * kq_scale
+            w[j] = s
+            mx = max(mx, s)
+        # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
+        total = 0.0
+        for c in range(0, n_kv16, 16):
+            for l in range(16):
+                j = c + l
+                lanes[l] = v_expf(w[j] - mx) if j < n_kv else _F32(0.0)
+                if j < n_kv:
+                    w[j] = lanes[l]
+            total += np.float64(reduce_add_16(lanes))
+        inv = _F32(1.0 / total)
+        # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
+        for j in range(n_kv):
+            w[j] = _f16_round(w[j] * inv)
+        # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
+        v0 = kvh * head_dim_v
+        o0 = h * head_dim_v
+        n64 = n_kv - n_kv % 64
+        for d in range(head_dim_v):
+            row = v_cache[v0 + d]
+            for l in range(64):
+                acc[l] = _F32(0.0)
+            for i in range(0, n64, 64):
+                for l in range(64):
+                    acc[l] = fma32(F16_TO_F32_TABLE[row[i + l]], w[i + l], acc[l])
+            for l in range(n_kv - n64):
+                acc[l] = fma32(F16_TO_F32_TABLE[row[n64 + l]], w[n64 + l], acc[l])
+            out[t, o0 + d] = _reduce_4x16(acc, lanes)

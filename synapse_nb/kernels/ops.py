@@ -1,0 +1,213 @@
+"""Numba kernels for the non-matmul steps of the Llama graph: RMSNorm, RoPE, SwiGLU, exp.
+
+Each kernel reproduces the float operations of ggml-cpu (llama.cpp vendored in llama-cpp-python
+0.3.36, x86 with AVX-512F/DQ, built by GCC with its default -ffp-contract=fast) one for one, so
+that a row computed here equals ggml's bit for bit:
+
+  rms_norm_rows  ggml-cpu/ops.cpp ggml_compute_forward_rms_norm_f32 (+ the fused MUL by the weight)
+  rope_cache     ggml-cpu/ops.cpp ggml_rope_cache_init / rope_yarn / rope_yarn_ramp and
+                 ggml.c ggml_rope_yarn_corr_dims
+  rope_rows      ggml-cpu/ops.cpp rotate_pairs (GGML_ROPE_TYPE_NORMAL and _NEOX)
+  swiglu_rows    ggml-cpu/vec.cpp ggml_vec_swiglu_f32 (ggml_v_silu on 16 lanes, ggml_silu_f32 tail)
+  v_expf         ggml-cpu/vec.h ggml_v_expf (AVX-512 branch), one lane
+
+Kernels write into arrays the caller allocated (output first) and do not bounds-check: the
+Python callers in synapse_nb.model validate shapes. Rows are independent, so results do not
+depend on the thread count.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .common import fma32
+
+_F32 = np.float32
+
+# ggml_v_expf constants, written as in vec.h (hex float literals)
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
+_C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
+_C3 = np.float32(float.fromhex("0x1.555e66p-3"))
+_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
+
+
+# ---------------------------------------------------------------------------------------------
+# exp / silu
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def v_expf(x):
+    """One lane of ggml_v_expf (ggml-cpu/vec.h, __AVX512F__ && __AVX512DQ__ branch).
+
+    x: float32. Returns float32 exp(x) with ggml's polynomial (max error ~1.5 ulp): n = round(x /
+    ln 2) by the 0x1.8p23 shift, b = x - n ln 2 in two fnmadd steps, a degree-5 polynomial j(b)
+    in fmadds, then _mm512_scalef_ps(j, n) = j * 2**n rounded once; |n| > 192 gives 0 (n <= 0)
+    or inf.
+    """
+    r = _F32(12582912.0)  # 0x1.8p23f
+    z = fma32(x, _LOG2E, r)
+    n = z - r
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    if math.fabs(n) > _F32(192.0):
+        return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    if n != n:  # NaN input: the mask tests are false, the polynomial result (NaN) is returned
+        return n
+    u = b * b
+    j = fma32(
+        fma32(fma32(_C5, b, _C4), u,
+              fma32(_C3, b, _C2)),
+        u,
+        fma32(_C1, b, _F32(1.0)))
+    # scalef: j * 2**n, exact in double, then one rounding to float (normal or subnormal)
+    return _F32(math.ldexp(np.float64(j), int(n)))
+
+
+@njit(cache=True, inline="always")
+def v_silu(x):
+    """One lane of ggml_v_silu (AVX-512): x / (1 + ggml_v_expf(0 - x)), float32."""
+    e = v_expf(_F32(0.0) - x)
+    return x / (_F32(1.0) + e)
+
+
+@njit(cache=True, inline="always")
+def silu_f32(x):
+    """ggml_silu_f32 (vec.h): x / (1.0f + expf(-x)) with libm expf (the scalar tail)."""
+    return x / (_F32(1.0) + math.exp(-x))
+
+
+@njit(cache=True, parallel=True)
+def swiglu_rows(out, gate, up):
+    """out[n, i] = silu(gate[n, i]) * up[n, i]: ggml_vec_swiglu_f32 per row.
+
+    out, gate, up: float32 [N, n_ff]. The first n_ff - n_ff % 16 columns use the 16-lane
+    ggml_v_silu; the remainder the scalar ggml_silu_f32 with libm expf (as ggml's tail loop).
+    """
+    n, m = gate.shape
+    m16 = m - m % 16
+    for t in prange(n):
+        for i in range(m16):
+            out[t, i] = v_silu(gate[t, i]) * up[t, i]
+        for i in range(m16, m):
+            out[t, i] = silu_f32(gate[t, i]) * up[t, i]
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def rms_norm_rows(out, x, w, eps):
+    """out[n] = x[n] * (1 / sqrt(mean(x[n]**2) + eps)) * w, per row.
+
+    ggml_compute_forward_rms_norm_f32 fused with the MUL by the norm weight: each square is a
+    float product accumulated in double in index order; mean = (float)(sum / n); scale =
+    1.0f / sqrtf(mean + eps); y = (x * scale) * w in float.
+    out, x: float32 [N, n_embd]; w: float32 [n_embd]; eps: float32.
+    """
+    n, m = x.shape
+    for t in prange(n):
+        s = 0.0
+        for i in range(m):
+            v = x[t, i]
+            s += np.float64(v * v)
+        mean = _F32(s / m)
+        scale = _F32(1.0) / math.sqrt(mean + eps)
+        for i in range(m):
+            out[t, i] = (x[t, i] * scale) * w[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def rope_theta_scale(freq_base, n_dims):
+    """powf(freq_base, -2.0f / n_dims) with libm powf, as ggml_compute_forward_rope_flt."""
+    return _F32(freq_base) ** (_F32(-2.0) / _F32(n_dims))
+
+
+@njit(cache=True)
+def rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
+    """ggml_rope_yarn_corr_dims (ggml.c): the YaRN ramp's [start, end] dims, float32 pair.
+
+    corr_dim(beta) = n_dims * logf(n_ctx_orig / (beta * 2 * (float)M_PI)) / (2 * logf(base)),
+    start = max(0, floorf(corr_dim(beta_fast))), end = min(n_dims - 1, ceilf(corr_dim(beta_slow))).
+    """
+    pi = _F32(math.pi)
+    base = _F32(freq_base)
+    d = _F32(n_dims)
+    c = _F32(n_ctx_orig)
+    lo = d * math.log(c / (_F32(beta_fast) * _F32(2.0) * pi)) / (_F32(2.0) * math.log(base))
+    hi = d * math.log(c / (_F32(beta_slow) * _F32(2.0) * pi)) / (_F32(2.0) * math.log(base))
+    start = _F32(math.floor(lo))
+    end = _F32(math.ceil(hi))
+    return max(_F32(0.0), start), min(_F32(n_dims - 1), end)
+
+
+@njit(cache=True)
+def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_factor, attn_factor,
+               corr_lo, corr_hi):
+    """cos/sin table per position: ggml_rope_cache_init + rope_yarn (ggml-cpu/ops.cpp).
+
+    out: float32 [N, n_dims], out[t, 2i] = cos, out[t, 2i + 1] = sin of pair i at position
+    pos[t] (int64 [N]). theta starts at (float)p and is multiplied by theta_scale once per pair
+    (float, as ggml; not p * theta_scale**i). theta_extrap = theta / freq_factors[i] (float32
+    [n_dims/2], all ones without rope_freqs.weight); theta_interp = freq_scale * theta_extrap;
+    with ext_factor != 0 (YaRN) theta = theta_interp * (1 - mix) + theta_extrap * mix with
+    mix = ramp(i) * ext_factor (GCC contracts the first product into an fma) and the
+    magnitude attn_factor * (1 + 0.1 * logf(1 / freq_scale)) (an fma as well); cos/sin are libm
+    cosf/sinf times that magnitude.
+    """
+    n = pos.shape[0]
+    for t in range(n):
+        theta = _F32(pos[t])
+        for i0 in range(0, n_dims, 2):
+            ff = freq_factors[i0 // 2]
+            theta_extrap = theta / ff
+            theta_interp = freq_scale * theta_extrap
+            th = theta_interp
+            mscale = attn_factor
+            if ext_factor != _F32(0.0):
+                # rope_yarn_ramp: y = (i0/2 - low) / MAX(0.001f, high - low); 1 - MIN(1, MAX(0, y))
+                y = (_F32(i0 // 2) - corr_lo) / max(_F32(0.001), corr_hi - corr_lo)
+                ramp = _F32(1.0) - min(_F32(1.0), max(_F32(0.0), y))
+                mix = ramp * ext_factor
+                th = fma32(theta_interp, _F32(1.0) - mix, theta_extrap * mix)
+                mscale = mscale * fma32(_F32(0.1), math.log(_F32(1.0) / freq_scale), _F32(1.0))
+            out[t, i0] = math.cos(th) * mscale
+            out[t, i0 + 1] = math.sin(th) * mscale
+            theta = theta * theta_scale
+
+
+@njit(cache=True, parallel=True)
+def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
+    """Rotate every head of x in place: rotate_pairs (ggml-cpu/ops.cpp).
+
+    x: float32 [N, n_heads * head_dim]; cache: float32 [N, n_dims] from rope_cache.
+    Normal mode (llama, mistral3) rotates (2i, 2i+1); NEOX (qwen2) rotates (i, i + n_dims/2).
+    x0*cos - x1*sin and x0*sin + x1*cos are computed as GCC contracts them: the first product
+    fused, fma(x0, cos, -(x1*sin)) and fma(x0, sin, x1*cos). Dims >= n_dims are unchanged.
+    """
+    n = x.shape[0]
+    half = n_dims // 2
+    for th in prange(n * n_heads):
+        t = th // n_heads
+        base = (th % n_heads) * head_dim
+        for i0 in range(0, n_dims, 2):
+            c = cache[t, i0]
+            s = cache[t, i0 + 1]
+            if neox:
+                a = base + i0 // 2
+                b = a + half
+            else:
+                a = base + i0
+                b = a + 1
+            x0 = x[t, a]
+            x1 = x[t, b]
+            x[t, a] = fma32(x0, c, -(x1 * s))
+            x[t, b] = fma32(x0, s, x1 * c)

@@ -1,0 +1,304 @@
+"""The Llama-family graph (arch llama, qwen2, mistral3) as llama.cpp's CPU backend runs it.
+
+Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/llama.cpp, qwen2.cpp,
+mistral3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn), with flash
+attention off and an F16 KV cache. One forward over a batch of tokens, a comment per step;
+every buffer is allocated once per session (ForwardState) and the KV cache once (KVCache).
+
+Where each number is rounded:
+  - weights stay in their GGUF blocks; matmul/get_rows (synapse_nb.kernels) convert activations
+    to the weight's vec_dot_type (Q8_0/Q8_1/Q8_K/F16/BF16) as ggml does;
+  - K and V are stored as F16; q is rounded to F16 before q.k; the softmax probabilities are
+    rounded to F16 before they weight V (synapse_nb.kernels.attention);
+  - everything else is float32 arithmetic in ggml's order (synapse_nb.kernels.ops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .errors import SynapseError
+from .gguf_file import TensorInfo, open_gguf
+from .hparams import HParams
+from .kernels import attention as _attn
+from .kernels import ops as _ops
+
+DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
+DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
+
+
+def _kernels():
+    """matmul and get_rows of synapse_nb.kernels, imported when first needed."""
+    from .kernels import get_rows, matmul
+
+    return matmul, get_rows
+
+
+def _f32_vector(g, name: str, n: int) -> np.ndarray:
+    """A 1-D tensor (norm weight, bias, rope_freqs) as float32 [n], read from F32 or F16 storage."""
+    t = g.tensor(name)
+    if t.shape != (n,):
+        raise SynapseError(f"{g.path}: tensor {name} has shape {list(t.shape)}, expected [{n}]")
+    if t.ggml_type == GGMLQuantizationType.F32:
+        return np.frombuffer(t.data, dtype="<f4", count=n).astype(np.float32)
+    if t.ggml_type == GGMLQuantizationType.F16:
+        return np.frombuffer(t.data, dtype="<f2", count=n).astype(np.float32)
+    raise SynapseError(f"{g.path}: tensor {name} is {t.ggml_type.name}; 1-D tensors must be F32 or F16")
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One transformer block: GGUF weight tensors (kept in their blocks) and float32 vectors."""
+
+    attn_norm: np.ndarray  # float32 [n_embd]
+    wq: TensorInfo  # (n_head * head_dim_k, n_embd)
+    wk: TensorInfo  # (n_head_kv * head_dim_k, n_embd)
+    wv: TensorInfo  # (n_head_kv * head_dim_v, n_embd)
+    wo: TensorInfo  # (n_embd, n_head * head_dim_v)
+    bq: np.ndarray | None  # qwen2 biases, float32
+    bk: np.ndarray | None
+    bv: np.ndarray | None
+    bo: np.ndarray | None
+    ffn_norm: np.ndarray  # float32 [n_embd]
+    w_gate: TensorInfo  # (n_ff, n_embd)
+    w_up: TensorInfo  # (n_ff, n_embd)
+    w_down: TensorInfo  # (n_embd, n_ff)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """All weights of a model; `output` is token_embd when the model has no output.weight (tied)."""
+
+    tok_embd: TensorInfo
+    output_norm: np.ndarray
+    output: TensorInfo
+    rope_freqs: np.ndarray  # float32 [n_rot/2]: rope_freqs.weight, or ones
+    layers: tuple[LayerWeights, ...]
+
+    @classmethod
+    def from_gguf(cls, g, hp: HParams) -> Weights:
+        """Collect the tensors of an opened GGUF (shapes already checked by HParams.from_gguf)."""
+        E = hp.n_embd
+        q, kv, v = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
+        layers = []
+        for i in range(hp.n_layer):
+            b = f"blk.{i}."
+            layers.append(LayerWeights(
+                attn_norm=_f32_vector(g, b + "attn_norm.weight", E),
+                wq=g.tensor(b + "attn_q.weight"),
+                wk=g.tensor(b + "attn_k.weight"),
+                wv=g.tensor(b + "attn_v.weight"),
+                wo=g.tensor(b + "attn_output.weight"),
+                bq=_f32_vector(g, b + "attn_q.bias", q) if hp.has_bias_qkv else None,
+                bk=_f32_vector(g, b + "attn_k.bias", kv) if hp.has_bias_qkv else None,
+                bv=_f32_vector(g, b + "attn_v.bias", v) if hp.has_bias_qkv else None,
+                bo=_f32_vector(g, b + "attn_output.bias", E) if hp.has_bias_o else None,
+                ffn_norm=_f32_vector(g, b + "ffn_norm.weight", E),
+                w_gate=g.tensor(b + "ffn_gate.weight"),
+                w_up=g.tensor(b + "ffn_up.weight"),
+                w_down=g.tensor(b + "ffn_down.weight"),
+            ))
+        tok_embd = g.tensor("token_embd.weight")
+        return cls(
+            tok_embd=tok_embd,
+            output_norm=_f32_vector(g, "output_norm.weight", E),
+            output=tok_embd if hp.tied_output else g.tensor("output.weight"),
+            rope_freqs=(_f32_vector(g, "rope_freqs.weight", hp.n_rot // 2) if hp.has_rope_freqs
+                        else np.ones(hp.n_rot // 2, np.float32)),
+            layers=tuple(layers),
+        )
+
+
+class KVCache:
+    """The F16 KV cache of a session, laid out as llama.cpp's with flash attention off.
+
+    k: uint16 (F16 bits) [n_layer, n_ctx, n_head_kv * head_dim_k], one row per position;
+    v: uint16 (F16 bits) [n_layer, n_head_kv * head_dim_v, n_ctx], transposed (v_trans).
+    Zero-initialised, like llama.cpp's buffer clear.
+    """
+
+    def __init__(self, hp: HParams, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.k = np.zeros((hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_k), np.uint16)
+        self.v = np.zeros((hp.n_layer, hp.n_head_kv * hp.head_dim_v, n_ctx), np.uint16)
+
+
+class ForwardState:
+    """Activation buffers for batches of up to n_batch tokens, allocated once per session."""
+
+    def __init__(self, hp: HParams, n_batch: int):
+        n, E, F = n_batch, hp.n_embd, hp.n_ff
+        self.n_batch = n_batch
+        self.x = np.empty((n, E), np.float32)  # residual stream
+        self.h = np.empty((n, E), np.float32)  # normed input of a sub-block
+        self.q = np.empty((n, hp.n_head * hp.head_dim_k), np.float32)
+        self.k = np.empty((n, hp.n_head_kv * hp.head_dim_k), np.float32)
+        self.v = np.empty((n, hp.n_head_kv * hp.head_dim_v), np.float32)
+        self.attn = np.empty((n, hp.n_head * hp.head_dim_v), np.float32)  # attention output (kqv)
+        self.o = np.empty((n, E), np.float32)  # output of a sub-block (wo or ffn_down)
+        self.gate = np.empty((n, F), np.float32)
+        self.up = np.empty((n, F), np.float32)
+        self.act = np.empty((n, F), np.float32)  # silu(gate) * up
+        self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
+        self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
+
+
+class Model:
+    """A loaded GGUF model: hyper-parameters, weights (memory-mapped), tokenizer.
+
+    Build with load_model(path). The forward is Model.forward; sessions (KV cache, prefill,
+    greedy decode) come from Model.new_session.
+    """
+
+    def __init__(self, path, gguf, hparams: HParams, weights: Weights):
+        self.path = Path(path)
+        self.gguf = gguf
+        self.hparams = hparams
+        self.weights = weights
+        self._tokenizer = None
+        hp = hparams
+        f32 = np.float32
+        # RoPE constants of ggml_compute_forward_rope_flt, fixed for the model.
+        self._theta_scale = _ops.rope_theta_scale(f32(hp.rope_freq_base), hp.n_rot)
+        lo, hi = _ops.rope_corr_dims(hp.n_rot, hp.yarn_orig_ctx, f32(hp.rope_freq_base),
+                                     f32(hp.yarn_beta_fast), f32(hp.yarn_beta_slow))
+        self._corr_dims = (f32(lo), f32(hi))
+        self._kq_scale = f32(1.0) / f32(math.sqrt(f32(hp.head_dim_k)))  # 1.0f/sqrtf(float(n_embd_head))
+
+    @property
+    def tokenizer(self):
+        """The GGUF's tokenizer (synapse_nb.tokenizer), loaded on first use."""
+        if self._tokenizer is None:
+            from .tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.gguf)
+        return self._tokenizer
+
+    def new_session(self, n_ctx: int | None = None, n_threads: int | None = None,
+                    n_batch: int = DEFAULT_N_BATCH):
+        """A Session with an empty KV cache of n_ctx positions (default min(n_ctx_train, 4096)).
+
+        n_threads: Numba threads for this session's kernels (default: Numba's current setting).
+        n_batch: tokens per forward in prefill (default 64). Raises SynapseError on bad values.
+        """
+        from .session import Session
+
+        return Session(self, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+
+    def warmup(self, progress=None) -> None:
+        """Compile (or load from Numba's cache) every kernel the forward uses, with a 1-token forward.
+
+        progress: optional callable(done, total, name) called before each step.
+        """
+        from .session import Session
+
+        steps = ["forward (1 token)"]
+        if progress:
+            progress(0, len(steps), steps[0])
+        s = Session(self, n_ctx=1, n_threads=None, n_batch=1)
+        s.eval([0])
+        if progress:
+            progress(1, len(steps), "done")
+
+    def _position_inputs(self, st: ForwardState, n_past: int, n: int) -> None:
+        """Per-position inputs of the graph: the RoPE cos/sin table and mistral3's q temperature."""
+        hp = self.hparams
+        f32 = np.float32
+        pos = np.arange(n_past, n_past + n, dtype=np.int64)
+        # ggml_rope_cache_init for each position (cos/sin pairs, YaRN ramp and magnitude)
+        _ops.rope_cache(st.rope[:n], pos, hp.n_rot, self._theta_scale, f32(hp.rope_freq_scale),
+                        self.weights.rope_freqs, f32(hp.yarn_ext_factor), f32(hp.yarn_attn_factor),
+                        self._corr_dims[0], self._corr_dims[1])
+        if hp.attn_temp_scale != 0.0:
+            # llm_graph_input_attn_temp::set_input: float position, float division by the floor
+            # length, then log(floor(.) + 1.0) * scale + 1.0 in double, stored as float
+            for t in range(n):
+                r = f32(f32(n_past + t) + f32(0.0)) / f32(hp.attn_temp_floor)
+                st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
+
+    def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,
+                all_logits: bool) -> np.ndarray:
+        """Run the graph on tokens at positions n_past.., appending their K/V to the cache.
+
+        tokens: int64 [n], 1 <= n <= st.n_batch, ids in [0, n_vocab); n_past + n <= cache.n_ctx
+        (the Session checks both). Returns float32 logits [n, n_vocab] when all_logits, else
+        [1, n_vocab] for the last token (llama.cpp without an output mask computes the last
+        layer's FFN and the head for the output rows only; the values are the same).
+        """
+        hp = self.hparams
+        W = self.weights
+        matmul, get_rows = _kernels()
+        n = len(tokens)
+        f32 = np.float32
+        eps = f32(hp.rms_eps)
+        neox = hp.rope_type == "neox"
+        x, h, q, k, v = st.x[:n], st.h[:n], st.q[:n], st.k[:n], st.v[:n]
+        attn, o, gate, up, act = st.attn[:n], st.o[:n], st.gate[:n], st.up[:n], st.act[:n]
+
+        # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows)
+        x[:] = get_rows(W.tok_embd, tokens)
+        # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
+        self._position_inputs(st, n_past, n)
+        rope = st.rope[:n]
+
+        for il, L in enumerate(W.layers):
+            # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
+            _ops.rms_norm_rows(h, x, L.attn_norm, eps)
+            # Q, K, V projections (+ biases: qwen2)
+            matmul(L.wq, h, out=q)
+            matmul(L.wk, h, out=k)
+            matmul(L.wv, h, out=v)
+            if L.bq is not None:
+                q += L.bq
+                k += L.bk
+                v += L.bv
+            # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2))
+            _ops.rope_rows(q, rope, hp.n_head, hp.head_dim_k, hp.n_rot, neox)
+            _ops.rope_rows(k, rope, hp.n_head_kv, hp.head_dim_k, hp.n_rot, neox)
+            # mistral3: q scaled by the attention temperature of its position (after RoPE)
+            if hp.attn_temp_scale != 0.0:
+                q *= st.temp[:n]
+            # Append k, v to this layer's cache as F16 (V transposed)
+            _attn.store_kv(cache.k[il], cache.v[il], k, v, n_past)
+            # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
+            _attn.attention_rows(attn, q, cache.k[il], cache.v[il], n_past, hp.n_head, hp.n_head_kv,
+                                 hp.head_dim_k, hp.head_dim_v, self._kq_scale)
+            # Output projection (+ bias)
+            matmul(L.wo, attn, out=o)
+            if L.bo is not None:
+                o += L.bo
+            # Last layer: only the rows that produce logits go on (ggml_get_rows on inp_out_ids)
+            if il == hp.n_layer - 1 and not all_logits and n > 1:
+                x, h, o, gate, up, act = x[-1:], h[-1:], o[-1:], gate[-1:], up[-1:], act[-1:]
+            # Residual: ffn_inp = attn_out + x
+            x += o
+            # FFN RMSNorm
+            _ops.rms_norm_rows(h, x, L.ffn_norm, eps)
+            # SwiGLU FFN: down(silu(gate(h)) * up(h))
+            matmul(L.w_gate, h, out=gate)
+            matmul(L.w_up, h, out=up)
+            _ops.swiglu_rows(act, gate, up)
+            matmul(L.w_down, act, out=o)
+            # Residual: x = ffn_out + ffn_inp
+            x += o
+
+        # Final RMSNorm and the output head (token_embd when tied)
+        _ops.rms_norm_rows(h, x, W.output_norm, eps)
+        return matmul(W.output, h)
+
+
+def load_model(path) -> Model:
+    """Open a GGUF model file and read its hyper-parameters and weight table (nothing dequantized).
+
+    path: str or Path of a GGUF file of arch llama, qwen2 or mistral3.
+    Returns a Model. Raises SynapseError (one line naming the file) for unreadable files,
+    unsupported architectures, missing keys, or missing / misshapen tensors.
+    """
+    g = open_gguf(path)
+    hp = HParams.from_gguf(g)
+    return Model(path, g, hp, Weights.from_gguf(g, hp))

@@ -1,0 +1,199 @@
+"""Session: a KV cache, batched prefill, greedy decode, and the prefill check.
+
+A Session evaluates tokens through Model.forward in batches of n_batch (64, as llama.cpp's
+n_batch = n_ubatch of the reference runs), appending each token's K/V to its cache. Every
+kernel computes a row exactly as for a single token, so a batched prefill gives the same
+logits and cache bits as token-by-token decoding (prefill_check proves it on a prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from .errors import SynapseError
+from .model import DEFAULT_N_BATCH, DEFAULT_N_CTX_MAX, ForwardState, KVCache, Model
+
+
+class Session:
+    """One sequence being decoded: KV cache of n_ctx positions, n_past of them filled.
+
+    Build with Model.new_session(n_ctx=None, n_threads=None, n_batch=64).
+    n_ctx: cache positions (default min(n_ctx_train, 4096)); n_threads: Numba threads used by
+    eval (default: Numba's current setting; results do not depend on it); n_batch: tokens per
+    forward. Raises SynapseError for values out of range.
+    """
+
+    def __init__(self, model: Model, n_ctx: int | None = None, n_threads: int | None = None,
+                 n_batch: int = DEFAULT_N_BATCH):
+        hp = model.hparams
+        if n_ctx is None:
+            n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX_MAX)
+        if not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
+            raise SynapseError(f"{model.path}: n_ctx must be a positive integer, got {n_ctx!r}")
+        if not isinstance(n_batch, (int, np.integer)) or n_batch < 1:
+            raise SynapseError(f"{model.path}: n_batch must be a positive integer, got {n_batch!r}")
+        if n_threads is not None:
+            if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
+                raise SynapseError(f"{model.path}: n_threads must be a positive integer, got {n_threads!r}")
+            n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
+        self.model = model
+        self.n_ctx = int(n_ctx)
+        self.n_batch = int(min(n_batch, n_ctx))
+        self.n_threads = n_threads
+        self.cache = KVCache(hp, self.n_ctx)
+        self.state = ForwardState(hp, self.n_batch)
+        self._n_past = 0
+
+    @property
+    def n_past(self) -> int:
+        """Number of positions in the KV cache (tokens evaluated since creation or reset)."""
+        return self._n_past
+
+    def reset(self) -> None:
+        """Empty the KV cache (n_past = 0). Stale entries are never read: attention stops at p."""
+        self._n_past = 0
+
+    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Append tokens to the cache (in batches of n_batch) and return their logits.
+
+        tokens: sequence of ints in [0, n_vocab), at least one; n_past + len(tokens) <= n_ctx.
+        Returns float32 [n_vocab] for the last token, or [len(tokens), n_vocab] with all_logits.
+        Raises SynapseError (and leaves the cache unchanged) on bad ids or context overflow.
+        """
+        hp = self.model.hparams
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or ids.size == 0:
+            raise SynapseError("eval: tokens must be a non-empty 1-D sequence of token ids")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise SynapseError("eval: token ids must be integers")
+        ids = ids.astype(np.int64)
+        bad = (ids < 0) | (ids >= hp.n_vocab)
+        if bad.any():
+            raise SynapseError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {hp.n_vocab})")
+        n = int(ids.size)
+        if self._n_past + n > self.n_ctx:
+            raise SynapseError(f"context full: {self._n_past} cached + {n} new tokens exceed n_ctx = {self.n_ctx}")
+        if self.n_threads is not None:
+            numba.set_num_threads(self.n_threads)
+        out = np.empty((n, hp.n_vocab), np.float32) if all_logits else None
+        last = None
+        for b0 in range(0, n, self.n_batch):
+            batch = ids[b0:b0 + self.n_batch]
+            want = all_logits or b0 + len(batch) == n
+            logits = self.model.forward(self.state, self.cache, batch, self._n_past, all_logits=all_logits)
+            self._n_past += len(batch)
+            if all_logits:
+                out[b0:b0 + len(batch)] = logits
+            elif want:
+                last = logits[-1].copy()
+        return out if all_logits else last
+
+    def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None) -> list[int]:
+        """Greedy continuation: eval the prompt, then argmax (lowest id on ties) token by token.
+
+        Stops after n_predict tokens, or at an end-of-generation token of the vocabulary (which is
+        returned as the last token, not passed to on_token) unless ignore_eos. on_token(id) is
+        called for each other token as it is chosen. Raises SynapseError when n_past + prompt +
+        n_predict exceeds n_ctx (checked before anything is evaluated).
+        """
+        prompt = list(prompt_tokens)
+        if n_predict < 0:
+            raise SynapseError(f"n_predict must be >= 0, got {n_predict}")
+        need = self._n_past + len(prompt) + n_predict
+        if need > self.n_ctx:
+            raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt + {n_predict} "
+                               f"predicted tokens = {need} exceed n_ctx = {self.n_ctx}")
+        eog = set() if ignore_eos else set(self.model.tokenizer.eog_ids)
+        out: list[int] = []
+        if n_predict == 0:
+            if prompt:
+                self.eval(prompt)
+            return out
+        logits = self.eval(prompt)
+        while True:
+            tok = int(np.argmax(logits))  # first maximum: lowest id on ties
+            out.append(tok)
+            if tok in eog:
+                break
+            if on_token is not None:
+                on_token(tok)
+            if len(out) == n_predict:
+                break
+            logits = self.eval([tok])
+        return out
+
+
+@dataclass(frozen=True)
+class PrefillCheckResult:
+    """Outcome of prefill_check. ok: logits and cache bit-identical; otherwise the first difference.
+
+    n_tokens, n_batch: what was compared. logits_diff: (position, vocab index, batched value,
+    token-by-token value) of the first differing logit, else None. cache_diff: ("K" or "V",
+    layer, position, channel, batched value, token-by-token value) of the first differing cache
+    entry (lowest layer, then position), else None.
+    """
+
+    ok: bool
+    n_tokens: int
+    n_batch: int
+    logits_diff: tuple | None
+    cache_diff: tuple | None
+
+    def __str__(self) -> str:
+        if self.ok:
+            return (f"prefill check OK: {self.n_tokens} tokens in batches of {self.n_batch}: logits at every "
+                    f"position and the K/V cache are bit-identical to token-by-token decoding")
+        parts = []
+        if self.logits_diff is not None:
+            p, i, a, b = self.logits_diff
+            parts.append(f"logits differ first at position {p} (vocab id {i}): batched {a!r} vs "
+                         f"token-by-token {b!r}")
+        if self.cache_diff is not None:
+            kind, il, p, c, a, b = self.cache_diff
+            parts.append(f"{kind} cache differs first at layer {il}, position {p}, channel {c}: batched {a!r} "
+                         f"vs token-by-token {b!r}")
+        return f"prefill check FAILED ({self.n_tokens} tokens, batches of {self.n_batch}): " + "; ".join(parts)
+
+
+def _first_cache_diff(kind: str, a: np.ndarray, b: np.ndarray, transposed: bool):
+    """First differing entry of two [n_layer, ...] F16-bit caches, by layer then position."""
+    for il in range(a.shape[0]):
+        x, y = (a[il].T, b[il].T) if transposed else (a[il], b[il])  # -> [position, channel]
+        diff = np.argwhere(x != y)
+        if diff.size:
+            p, c = (int(v) for v in diff[0])
+            fa, fb = np.array([x[p, c], y[p, c]], np.uint16).view(np.float16).astype(np.float32)
+            return (kind, il, p, c, float(fa), float(fb))
+    return None
+
+
+def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int | None = None,
+                  n_batch: int = DEFAULT_N_BATCH) -> PrefillCheckResult:
+    """Run tokens once by batched prefill and once token by token; compare bit for bit.
+
+    Compares the logits at every position and the whole K/V cache (positions 0..n-1 of every
+    layer). n_ctx defaults to max(len(tokens), the model's default). Returns a
+    PrefillCheckResult (str() is the one-line report). Raises SynapseError on bad tokens.
+    """
+    ids = list(tokens)
+    if n_ctx is None:
+        n_ctx = max(len(ids), min(model.hparams.n_ctx_train, DEFAULT_N_CTX_MAX))
+    batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+    lb = batched.eval(ids, all_logits=True)
+    single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1)
+    ls = np.empty_like(lb)
+    for i, t in enumerate(ids):
+        ls[i] = single.eval([t])
+    n = len(ids)
+    logits_diff = None
+    neq = lb.view(np.uint32) != ls.view(np.uint32)
+    if neq.any():
+        p, i = (int(v) for v in np.argwhere(neq)[0])
+        logits_diff = (p, i, float(lb[p, i]), float(ls[p, i]))
+    cache_diff = (_first_cache_diff("K", batched.cache.k[:, :n], single.cache.k[:, :n], False)
+                  or _first_cache_diff("V", batched.cache.v[:, :, :n], single.cache.v[:, :, :n], True))
+    return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,
+                              logits_diff=logits_diff, cache_diff=cache_diff)

@@ -1,0 +1,117 @@
+"""The forward graph against llama.cpp's goldens (tests/data/tiny/goldens), rules of shared/README.md.
+
+For every fixture and both prompts ("ids", "text") of its goldens npz:
+  1. over the 32 one-token sequences (single_logits), the median row distance <= 1e-6;
+  2. every prompt row (our batched prefill vs llama.cpp's token-by-token P_logits_tbt) and every
+     greedy step (vs P_gen_logits) within tol = max(2 * P_self_maxrel, 1e-4) for float weight
+     formats, max(2 * P_self_rms, 3e-2) for quantized ones;
+  3. our greedy token equals the reference's at every step while the reference's top-2 margin
+     at that step exceeds 2 * tol * max|ref|.
+Row distance: max|ours - ref| / max|ref| for F32/F16/BF16 weights, rms(ours - ref) / rms(ref)
+for quantized weights. Greedy steps are decoded on the reference's tokens (teacher forcing), so
+that step i of ours and of llama.cpp see the same context; until the first unclear step this is
+exactly our own greedy run.
+A fixture whose weight format has no kernel yet fails here (it is not skipped).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synapse_nb.model import load_model
+
+TINY = Path(__file__).parent / "data" / "tiny"
+FIXTURES = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
+FLOAT_FORMATS = ("-f32", "-f16", "-bf16")
+
+
+def is_float_format(name: str) -> bool:
+    return name.endswith(FLOAT_FORMATS)
+
+
+def row_distance(ours: np.ndarray, ref: np.ndarray, float_format: bool) -> float:
+    ours = ours.astype(np.float64)
+    ref = ref.astype(np.float64)
+    if float_format:
+        return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+    return float(np.sqrt(np.mean((ours - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
+
+
+def tolerance(golden, prompt: str, float_format: bool) -> float:
+    if float_format:
+        return max(2 * float(golden[f"{prompt}_self_maxrel"]), 1e-4)
+    return max(2 * float(golden[f"{prompt}_self_rms"]), 3e-2)
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return {}
+
+
+def _model(cache, name):
+    if name not in cache:
+        cache[name] = (load_model(TINY / f"{name}.gguf"), np.load(TINY / "goldens" / f"{name}.npz"))
+    return cache[name]
+
+
+def test_fixture_list_is_complete():
+    assert len(FIXTURES) == 23
+    for name in FIXTURES:
+        assert (TINY / f"{name}.gguf").is_file()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_rule1_single_tokens(cache, name):
+    model, golden = _model(cache, name)
+    fl = is_float_format(name)
+    s = model.new_session(n_ctx=64)
+    d = []
+    for tok, ref in zip(golden["single_tokens"], golden["single_logits"]):
+        s.reset()
+        d.append(row_distance(s.eval([int(tok)]), ref, fl))
+    med = float(np.median(d))
+    print(f"{name}: single-token median distance {med:.3g}, max {max(d):.3g}")
+    assert med <= 1e-6, f"{name}: median distance over 32 one-token sequences {med:.3g} > 1e-6"
+
+
+@pytest.mark.parametrize("prompt", ["ids", "text"])
+@pytest.mark.parametrize("name", FIXTURES)
+def test_rules2_3_prompt_and_greedy(cache, name, prompt):
+    model, golden = _model(cache, name)
+    fl = is_float_format(name)
+    tol = tolerance(golden, prompt, fl)
+    tokens = golden[f"{prompt}_tokens"].astype(np.int64)
+    ref_rows = golden[f"{prompt}_logits_tbt"]
+    ref_gen = golden[f"{prompt}_gen_logits"]
+    ref_greedy = golden[f"{prompt}_greedy"].astype(np.int64)
+    s = model.new_session(n_ctx=256)
+
+    # Rule 2, prompt rows: batched prefill (64-token batches) vs llama.cpp's token-by-token rows
+    rows = s.eval(tokens, all_logits=True)
+    assert rows.shape == ref_rows.shape and rows.dtype == np.float32
+    d_rows = [row_distance(rows[i], ref_rows[i], fl) for i in range(len(tokens))]
+
+    # Greedy steps on the reference's tokens: row 0 is the last prompt row
+    gen = [rows[-1]]
+    for t in ref_greedy[:-1]:
+        gen.append(s.eval([int(t)]))
+    d_gen = [row_distance(gen[i], ref_gen[i], fl) for i in range(len(ref_greedy))]
+
+    self_d = float(golden[f"{prompt}_self_maxrel" if fl else f"{prompt}_self_rms"])
+    print(f"{name}/{prompt}: max prompt-row distance {max(d_rows):.3g}, max greedy-step distance "
+          f"{max(d_gen):.3g}, llama.cpp self {self_d:.3g}, tol {tol:.3g}")
+    bad_rows = [i for i, d in enumerate(d_rows) if d > tol]
+    assert not bad_rows, (f"{name}/{prompt}: prompt row {bad_rows[0]} distance {d_rows[bad_rows[0]]:.3g} > tol "
+                          f"{tol:.3g} ({len(bad_rows)} rows out)")
+    bad_gen = [i for i, d in enumerate(d_gen) if d > tol]
+    assert not bad_gen, (f"{name}/{prompt}: greedy step {bad_gen[0]} distance {d_gen[bad_gen[0]]:.3g} > tol "
+                         f"{tol:.3g} ({len(bad_gen)} steps out)")
+
+    # Rule 3: identical greedy tokens while the reference's margin is clear
+    for i in range(len(ref_greedy)):
+        top2 = np.sort(ref_gen[i].astype(np.float64))[-2:]
+        if top2[1] - top2[0] <= 2 * tol * np.max(np.abs(ref_gen[i])):
+            break  # from here the two continuations may legitimately part
+        ours = int(np.argmax(gen[i]))
+        assert ours == ref_greedy[i], f"{name}/{prompt}: greedy step {i}: ours {ours}, llama.cpp {ref_greedy[i]}"
