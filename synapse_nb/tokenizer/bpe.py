@@ -13,35 +13,21 @@ Merges are strings "left right" split at the first space after the first charact
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import add
+from itertools import chain
 
 import numpy as np
 
-from .merge import PairTable
+from .merge import PairTable, merge_part_ids
 from .pretokenize import PreTokenizer
 from .vocab import BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, Vocab
 
 _CACHE_LIMIT = 200_000  # words kept between calls
 
 
-def _split_merges(merges: list[str]) -> tuple[list[str], list[str]]:
-    """Split each merge at its first space after the first character (word.find(' ', 1));
-    a merge without one gives ("", "") (an empty pair, never matched)."""
-    n = len(merges)
-    joined = " ".join(merges)
-    if joined.count(" ") == 2 * n - 1 and "\n" not in joined:
-        # fast path: exactly one space per merge; C-speed split
-        parts = "\n".join(merges).replace(" ", "\n").split("\n")
-        lefts, rights = parts[0::2], parts[1::2]
-        if all(lefts):  # no merge starts with its only space
-            return lefts, rights
-    lefts, rights = [], []
-    for m in merges:
-        p = m.find(" ", 1)
-        lefts.append(m[:p] if p >= 0 else "")
-        rights.append(m[p + 1:] if p >= 0 else "")
-    return lefts, rights
+def _split_merge(m: str) -> tuple[str, str]:
+    """llama.cpp: split at word.find(' ', 1); no such space gives an empty pair."""
+    p = m.find(" ", 1)
+    return (m[:p], m[p + 1:]) if p >= 0 else ("", "")
 
 
 class BPE:
@@ -62,25 +48,21 @@ class BPE:
 
         if not isinstance(merges, list):
             raise TypeError("merges must be a list of str")
-        n = len(merges)
-        lefts, rights = _split_merges(merges)
-        get = t2i.get
-        left = list(map(get, lefts, repeat(-1, n)))
-        right = list(map(get, rights, repeat(-1, n)))
-        joined = list(map(add, lefts, rights))
-        result = list(map(get, joined, repeat(-1, n)))
-        for arr, strs in ((left, lefts), (right, rights), (result, joined)):
-            if -1 in arr:
-                for i, v in enumerate(arr):
-                    if v == -1 and strs[i]:
-                        arr[i] = self._intern(strs[i])
+        ids = merge_part_ids(vocab.tokens, merges)
+        left, right, result = ids[:, 0], ids[:, 1], ids[:, 2]
+        missing = np.flatnonzero((ids == -1).any(axis=1))
+        for k in missing.tolist():
+            # parts that are not tokens get extra ids (empty parts never match a symbol)
+            a, b = _split_merge(merges[k])
+            for arr, part in ((left, a), (right, b), (result, a + b)):
+                if arr[k] == -1 and part:
+                    arr[k] = self._intern(part)
         byte_sym = [t2i.get(u, -1) for u in BYTE_TO_UNICODE]
         for b, u in enumerate(BYTE_TO_UNICODE):
             if byte_sym[b] == -1:
                 byte_sym[b] = self._intern(u)
         self._byte_sym = np.array(byte_sym, np.int32)
-        self.table = PairTable(np.array(left, np.int32), np.array(right, np.int32),
-                               np.arange(n, dtype=np.float64), np.array(result, np.int32),
+        self.table = PairTable(left, right, np.arange(len(merges), dtype=np.int64), result,
                                self.n_vocab + len(self._extra_strs))
         self._cache: dict[str, list[int]] = {}
 
@@ -102,8 +84,7 @@ class BPE:
             if len(cache) + len(new) > _CACHE_LIMIT:
                 cache.clear()
             self._encode_words(new)
-        for w in words:
-            out += cache[w]
+        out.extend(chain.from_iterable(map(cache.__getitem__, words)))
 
     def _encode_words(self, words: list[str]) -> None:
         cache = self._cache

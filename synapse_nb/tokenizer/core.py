@@ -19,6 +19,7 @@ from .vocab import (ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, BPE as
 
 _C_SPACE = " \t\n\x0b\x0c\r"  # isspace() in the "C" locale: what lstrip/rstrip remove
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_PREFIX = 3  # special tokens are first looked for by their first characters, per group
 
 
 class Tokenizer:
@@ -44,7 +45,8 @@ class Tokenizer:
         self._specials_user = []
         for i in vocab.special_tokens:
             a = int(vocab.attrs[i])
-            entry = (i, vocab.tokens[i], bool(a & ATTR_LSTRIP), bool(a & ATTR_RSTRIP))
+            t = vocab.tokens[i]
+            entry = (i, t, bool(a & ATTR_LSTRIP), bool(a & ATTR_RSTRIP), t[:_PREFIX])
             self._specials_all.append(entry)
             if not a & (ATTR_CONTROL | ATTR_UNKNOWN):
                 self._specials_user.append(entry)
@@ -155,8 +157,12 @@ class Tokenizer:
             return []
         frags: list = [text]
         specials = self._specials_all if parse_special else self._specials_user
-        for tid, s, lstrip, rstrip in specials:
-            if s not in text:
+        present: dict[str, bool] = {}  # prefix -> occurs in text
+        for tid, s, lstrip, rstrip, prefix in specials:
+            p = present.get(prefix)
+            if p is None:
+                p = present[prefix] = prefix in text
+            if not p or s not in text:
                 continue  # fragments are substrings of text
             new: list = []
             for f in frags:

@@ -36,12 +36,15 @@ def _hash(key):
 
 @njit(cache=True)
 def _build_pair_table(left, right, prio, result, n_ids):
+    # prio: int64 dense ranks (lower merges first)
     n = left.shape[0]
     size = 16
     while size < 2 * n + 2:
         size *= 2
     keys = np.full(size, _EMPTY, np.int64)
-    tprio = np.zeros(size, np.float64)
+    trank = np.zeros(size, np.int64)
+    tl = np.full(size, -3, np.int32)
+    tr = np.full(size, -3, np.int32)
     tres = np.zeros(size, np.int32)
     mask = size - 1
     for i in range(n):
@@ -55,13 +58,15 @@ def _build_pair_table(left, right, prio, result, n_ids):
             k = keys[h]
             if k == _EMPTY:
                 keys[h] = key
-                tprio[h] = prio[i]
+                trank[h] = prio[i]
+                tl[h] = a
+                tr[h] = b
                 tres[h] = result[i]
                 break
             if k == key:  # first one wins (llama.cpp: bpe_ranks.emplace keeps the lowest rank)
                 break
             h = (h + 1) & mask
-    return keys, tprio, tres
+    return keys, trank, tl, tr, tres
 
 
 @njit(cache=True, inline="always")
@@ -81,26 +86,52 @@ def _find(keys, n_ids, a, b):
 
 
 @njit(cache=True, inline="always")
-def _before(hp, hl, i, j):
-    # heap order: lower priority first, then the leftmost pair
-    return hp[i] < hp[j] or (hp[i] == hp[j] and hl[i] < hl[j])
+def _push(hk, hs, hn, key, slot):
+    # binary min-heap on key = rank << 32 | left index (lower rank, then leftmost first)
+    hole = hn
+    while hole > 0:
+        p = (hole - 1) >> 1
+        if hk[p] <= key:
+            break
+        hk[hole] = hk[p]
+        hs[hole] = hs[p]
+        hole = p
+    hk[hole] = key
+    hs[hole] = slot
+    return hn + 1
 
 
 @njit(cache=True, inline="always")
-def _swap(hp, hl, hr, ha, hb, i, j):
-    hp[i], hp[j] = hp[j], hp[i]
-    hl[i], hl[j] = hl[j], hl[i]
-    hr[i], hr[j] = hr[j], hr[i]
-    ha[i], ha[j] = ha[j], ha[i]
-    hb[i], hb[j] = hb[j], hb[i]
+def _pop(hk, hs, hn):
+    # remove the top (read it before calling); returns the new size
+    hn -= 1
+    if hn > 0:
+        key = hk[hn]
+        slot = hs[hn]
+        hole = 0
+        while True:
+            c = 2 * hole + 1
+            if c >= hn:
+                break
+            if c + 1 < hn and hk[c + 1] < hk[c]:
+                c += 1
+            if hk[c] >= key:
+                break
+            hk[hole] = hk[c]
+            hs[hole] = hs[c]
+            hole = c
+        hk[hole] = key
+        hs[hole] = slot
+    return hn
 
 
 @njit(cache=True)
-def _merge_words(sym, starts, keys, tprio, tres, n_ids, out, out_starts):
+def _merge_words(sym, starts, keys, trank, tl, tr, tres, n_ids, out, out_starts):
     """Merge the symbols of each word.
 
     sym: int32 [n] initial symbol ids of all words, concatenated.
     starts: int64 [n_words + 1] word boundaries in sym.
+    keys/trank/tl/tr/tres: the pair table (key, rank, left id, right id, merged id).
     out: int32 [n] receives the final symbols; out_starts: int64 [n_words + 1] their
     boundaries. Returns the number of output symbols.
     """
@@ -111,13 +142,9 @@ def _merge_words(sym, starts, keys, tprio, tres, n_ids, out, out_starts):
     cur = np.empty(maxlen, np.int32)
     prv = np.empty(maxlen, np.int32)
     nxt = np.empty(maxlen, np.int32)
-    alive = np.empty(maxlen, np.uint8)
     cap = 3 * maxlen + 4  # n-1 initial pairs + at most 2 per merge
-    hp = np.empty(cap, np.float64)  # priority
-    hl = np.empty(cap, np.int32)  # left symbol index
-    hr = np.empty(cap, np.int32)  # right symbol index
-    ha = np.empty(cap, np.int32)  # left symbol id when queued
-    hb = np.empty(cap, np.int32)  # right symbol id when queued
+    hk = np.empty(cap, np.int64)  # rank << 32 | left symbol index
+    hs = np.empty(cap, np.int32)  # pair table slot
     o = 0
     for w in range(n_words):
         s = starts[w]
@@ -129,89 +156,40 @@ def _merge_words(sym, starts, keys, tprio, tres, n_ids, out, out_starts):
             cur[i] = sym[s + i]
             prv[i] = i - 1
             nxt[i] = i + 1
-            alive[i] = 1
         nxt[n - 1] = -1
         hn = 0
         # seed the queue with every adjacent pair that has a merge
         for i in range(n - 1):
             slot = _find(keys, n_ids, cur[i], cur[i + 1])
             if slot >= 0:
-                hp[hn] = tprio[slot]
-                hl[hn] = i
-                hr[hn] = i + 1
-                ha[hn] = cur[i]
-                hb[hn] = cur[i + 1]
-                c = hn
-                hn += 1
-                while c > 0:
-                    p = (c - 1) >> 1
-                    if _before(hp, hl, c, p):
-                        _swap(hp, hl, hr, ha, hb, c, p)
-                        c = p
-                    else:
-                        break
+                hn = _push(hk, hs, hn, (trank[slot] << 32) | i, slot)
         while hn > 0:
-            l = hl[0]
-            r = hr[0]
-            a = ha[0]
-            b = hb[0]
-            # pop the top
-            hn -= 1
-            if hn > 0:
-                hp[0] = hp[hn]
-                hl[0] = hl[hn]
-                hr[0] = hr[hn]
-                ha[0] = ha[hn]
-                hb[0] = hb[hn]
-                c = 0
-                while True:
-                    lc = 2 * c + 1
-                    if lc >= hn:
-                        break
-                    best = lc
-                    if lc + 1 < hn and _before(hp, hl, lc + 1, lc):
-                        best = lc + 1
-                    if _before(hp, hl, best, c):
-                        _swap(hp, hl, hr, ha, hb, best, c)
-                        c = best
-                    else:
-                        break
-            if alive[l] == 0 or alive[r] == 0 or cur[l] != a or cur[r] != b or nxt[l] != r:
-                continue  # stale
-            slot = _find(keys, n_ids, a, b)
+            l = np.int32(hk[0] & 0xFFFFFFFF)
+            slot = hs[0]
+            hn = _pop(hk, hs, hn)
+            # stale: the left symbol was merged away or changed, or its right neighbour
+            # is not the one queued (cur == -2 marks merged-away symbols)
+            if cur[l] != tl[slot]:
+                continue
+            r = nxt[l]
+            if r < 0 or cur[r] != tr[slot]:
+                continue
             cur[l] = tres[slot]
-            alive[r] = 0
+            cur[r] = -2
             nr = nxt[r]
             nxt[l] = nr
             if nr >= 0:
                 prv[nr] = l
-            # queue the new neighbour pairs: (prev, l) then (l, next)
-            for side in range(2):
-                if side == 0:
-                    x = prv[l]
-                    y = l
-                else:
-                    x = l
-                    y = nxt[l]
-                if x < 0 or y < 0:
-                    continue
-                slot2 = _find(keys, n_ids, cur[x], cur[y])
-                if slot2 < 0:
-                    continue
-                hp[hn] = tprio[slot2]
-                hl[hn] = x
-                hr[hn] = y
-                ha[hn] = cur[x]
-                hb[hn] = cur[y]
-                c = hn
-                hn += 1
-                while c > 0:
-                    p = (c - 1) >> 1
-                    if _before(hp, hl, c, p):
-                        _swap(hp, hl, hr, ha, hb, c, p)
-                        c = p
-                    else:
-                        break
+            # queue the new neighbour pairs: (prev, l) and (l, next)
+            x = prv[l]
+            if x >= 0:
+                slot2 = _find(keys, n_ids, cur[x], cur[l])
+                if slot2 >= 0:
+                    hn = _push(hk, hs, hn, (trank[slot2] << 32) | x, slot2)
+            if nr >= 0:
+                slot2 = _find(keys, n_ids, cur[l], cur[nr])
+                if slot2 >= 0:
+                    hn = _push(hk, hs, hn, (trank[slot2] << 32) | l, slot2)
         i = 0
         while i >= 0:
             out[o] = cur[i]
@@ -221,20 +199,129 @@ def _merge_words(sym, starts, keys, tprio, tres, n_ids, out, out_starts):
     return o
 
 
+@njit(cache=True, inline="always")
+def _fnv(buf, a0, a1, h):
+    for i in range(a0, a1):
+        h = (h ^ buf[i]) * 0x100000001B3  # FNV-1a, wrapping int64
+    return h
+
+
+@njit(cache=True)
+def _string_ids(tok_buf, tok_off, buf, off, sep):
+    """Token ids of byte strings, by hashing: for string k = buf[off[k]:off[k+1]]:
+    if sep: split it at the first space after its first byte (llama.cpp word.find(' ', 1))
+    into left and right and look up left, right and left+right; else look up the string.
+    Returns int32 [n, 3] (left, right, joined ids; -1 when not a token; a string without
+    the space gives -2 in every column)."""
+    n_tok = tok_off.shape[0] - 1
+    size = 16
+    while size < 2 * n_tok + 2:
+        size *= 2
+    mask = size - 1
+    table = np.full(size, -1, np.int32)
+    seed = np.int64(-3750763034362895579)  # FNV offset basis as int64
+    for t in range(n_tok):
+        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], seed) & mask
+        while table[h] >= 0:
+            h = (h + 1) & mask
+        table[h] = t
+    n = off.shape[0] - 1
+    res = np.full((n, 3), -1, np.int32)
+    for k in range(n):
+        a0 = off[k]
+        a1 = off[k + 1]
+        p = -1
+        if sep:
+            for i in range(a0 + 1, a1):
+                if buf[i] == 32:
+                    p = i
+                    break
+            if p < 0:
+                res[k, 0] = -2
+                res[k, 1] = -2
+                res[k, 2] = -2
+                continue
+            parts = ((a0, p, p, p), (p + 1, a1, a1, a1), (a0, p, p + 1, a1))
+        else:
+            parts = ((a0, a1, a1, a1), (a1, a1, a1, a1), (a1, a1, a1, a1))
+        for c in range(3):
+            x0, x1, y0, y1 = parts[c]
+            ln = (x1 - x0) + (y1 - y0)
+            if ln == 0:
+                continue
+            h = _fnv(buf, y0, y1, _fnv(buf, x0, x1, seed)) & mask
+            while True:
+                t = table[h]
+                if t < 0:
+                    break
+                t0 = tok_off[t]
+                if tok_off[t + 1] - t0 == ln:
+                    same = True
+                    j = t0
+                    for i in range(x0, x1):
+                        if tok_buf[j] != buf[i]:
+                            same = False
+                            break
+                        j += 1
+                    if same:
+                        for i in range(y0, y1):
+                            if tok_buf[j] != buf[i]:
+                                same = False
+                                break
+                            j += 1
+                    if same:
+                        res[k, c] = t
+                        break
+                h = (h + 1) & mask
+    return res
+
+
+def utf8_buffer(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All strings as one UTF-8 byte buffer and their byte offsets (int64 [n + 1]).
+    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte."""
+    joined = "".join(strs)
+    buf = np.frombuffer(joined.encode("utf-8", "surrogateescape"), np.uint8)
+    coff = np.zeros(len(strs) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, strs), np.int64, len(strs)), out=coff[1:])
+    if joined.isascii():
+        return buf, coff
+    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
+    blen = (1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+            - 2 * ((cps >= 0xDC80) & (cps <= 0xDCFF)))
+    boff = np.zeros(cps.shape[0] + 1, np.int64)
+    np.cumsum(blen, out=boff[1:])
+    if boff[-1] != buf.shape[0]:
+        raise ValueError("utf8_buffer: string is not encodable")
+    return buf, boff[coff]
+
+
+def merge_part_ids(tokens: list[str], merges: list[str]) -> np.ndarray:
+    """For each merge "left right": token ids of left, right and left+right (-1 if not a
+    token; -2 for a merge without a space after its first character). int32 [n, 3]."""
+    tb, to = utf8_buffer(tokens)
+    mb, mo = utf8_buffer(merges)
+    return _string_ids(tb, to, mb, mo, True)
+
+
 class PairTable:
     """Merge table for _merge_words: (left id, right id) -> (priority, merged id).
 
-    left, right: int ids (negative entries are skipped); prio: float64, lower merges
-    first; result: merged id. n_ids: bound on every id (token ids and extra ids).
+    left, right: int ids (negative entries are skipped); prio: lower merges first, either
+    int64 ranks or floats (turned into dense ranks, ties kept); result: merged id. n_ids: bound on every id (token ids and extra ids).
     For duplicate pairs the first entry wins.
     """
 
     def __init__(self, left, right, prio, result, n_ids: int):
         self.n_ids = int(max(n_ids, 1))
-        self.keys, self.prio, self.result = _build_pair_table(
+        prio = np.asarray(prio)
+        if prio.dtype.kind == "f":  # dense integer ranks, equal priorities stay equal
+            _, rank = np.unique(prio, return_inverse=True)
+        else:
+            rank = prio
+        self.keys, self.rank, self.left, self.right, self.result = _build_pair_table(
             np.ascontiguousarray(left, np.int32),
             np.ascontiguousarray(right, np.int32),
-            np.ascontiguousarray(prio, np.float64),
+            np.ascontiguousarray(rank, np.int64),
             np.ascontiguousarray(result, np.int32),
             np.int64(self.n_ids),
         )
@@ -250,10 +337,12 @@ class PairTable:
         n_words = starts.shape[0] - 1
         if n_words < 0 or starts[0] != 0 or starts[-1] != sym.shape[0] or np.any(np.diff(starts) < 0):
             raise ValueError("merge: bad word boundaries")
-        if sym.shape[0] and int(sym.max()) >= self.n_ids:
+        if sym.shape[0] and (int(sym.max()) >= self.n_ids or int(sym.min()) < -(2**31 - 1)):
             raise ValueError("merge: symbol id out of range")
+        if sym.shape[0] >= 2**31:
+            raise ValueError("merge: word too long")
         out = np.empty(sym.shape[0], np.int32)
         out_starts = np.empty(n_words + 1, np.int64)
-        m = _merge_words(sym, starts, self.keys, self.prio, self.result,
+        m = _merge_words(sym, starts, self.keys, self.rank, self.left, self.right, self.result,
                          np.int64(self.n_ids), out, out_starts)
         return out[:m], out_starts

@@ -86,15 +86,18 @@ class SPM:
         joined = "".join(texts)
         cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
         sym = self._cp_sym[cps]
-        starts = np.zeros(len(texts) + 1, np.int64)
-        np.cumsum([len(t) for t in texts], out=starts[1:])
+        lens = np.fromiter((len(t) for t in texts), np.int64, len(texts))
+        frag_starts = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum(lens, out=frag_starts[1:])
+        # A character in no token never merges, so it cuts its fragment into pieces that
+        # merge independently (same result, smaller queues): make it a word of its own.
+        bar = np.flatnonzero(sym < 0)
+        starts = np.unique(np.concatenate([frag_starts, bar, bar + 1]))
         res, rstarts = self.table.merge(sym, starts)
-        st = rstarts.tolist()
+        # output range of each fragment
+        st = rstarts[np.searchsorted(starts, frag_starts)].tolist()
         if res.size and (int(res.min()) < 0 or int(res.max()) >= self.n_vocab):
-            out = []
-            for k in range(len(texts)):
-                out.append(self._byte_fallback(res[st[k]:st[k + 1]].tolist()))
-            return out
+            return [self._byte_fallback(res[st[k]:st[k + 1]].tolist()) for k in range(len(texts))]
         ids = res.tolist()
         return [ids[st[k]:st[k + 1]] for k in range(len(texts))]
 
