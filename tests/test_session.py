@@ -1,0 +1,240 @@
+"""Session: prefill check (batched == token by token, bit for bit), thread independence,
+context overflow, reset, logits shapes, greedy generate.
+
+Prefill-check matrix: prompt lengths 1, 63, 64, 65, 130 (around the 64-token batch boundary)
+with 1 and 2 Numba threads, on a representative subset of the tiny fixtures covering every
+code path of the graph: F32 matmul (tiny-llama-f32), a legacy Q8_0 format (tiny-llama-q8_0),
+qwen2 NEOX RoPE + biases (tiny-qwen2-q4_k_m), mistral3 YaRN + temperature (tiny-mistral3-q4_k_m),
+Llama 3 rope_freqs + untied output (tiny-llama3-q4_k_m), head_dim 128 with one KV head
+(tiny-llama-hd128-q4_k_m). Every other fixture is checked at 130 tokens with 2 threads.
+"""
+
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from synapse_nb import SynapseError
+from synapse_nb.model import load_model
+from synapse_nb.session import Session, prefill_check
+
+TINY = Path(__file__).parent / "data" / "tiny"
+ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
+MATRIX = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q4_k_m", "tiny-mistral3-q4_k_m",
+          "tiny-llama3-q4_k_m", "tiny-llama-hd128-q4_k_m"]
+LENGTHS = [1, 63, 64, 65, 130]
+N_VOCAB = 512
+
+_models = {}
+
+
+def model(name):
+    if name not in _models:
+        _models[name] = load_model(TINY / f"{name}.gguf")
+    return _models[name]
+
+
+def prompt(n, seed=0):
+    """BOS then n - 1 fixed pseudo-random ids."""
+    rng = np.random.default_rng(seed)
+    return [1] + [int(t) for t in rng.integers(3, N_VOCAB, size=n - 1)]
+
+
+@pytest.fixture
+def threads():
+    """Restore Numba's thread count after a test that changes it."""
+    before = numba.get_num_threads()
+    yield
+    numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("name", MATRIX)
+def test_prefill_check_matrix(threads, name, n, n_threads):
+    if n_threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.fail(f"this machine allows only {numba.config.NUMBA_NUM_THREADS} Numba threads")
+    res = prefill_check(model(name), prompt(n), n_ctx=256, n_threads=n_threads)
+    assert res.ok, str(res)
+    assert res.n_tokens == n and res.logits_diff is None and res.cache_diff is None
+    assert str(res).startswith("prefill check OK")
+
+
+@pytest.mark.parametrize("name", [f for f in ALL if f not in MATRIX])
+def test_prefill_check_other_fixtures(threads, name):
+    res = prefill_check(model(name), prompt(130, seed=1), n_ctx=256, n_threads=2)
+    assert res.ok, str(res)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-q4_0", "tiny-mistral3-q4_k_m"])
+def test_results_do_not_depend_on_thread_count(threads, name):
+    toks = prompt(130, seed=2)
+    out = []
+    for nt in (1, 2):
+        s = model(name).new_session(n_ctx=256, n_threads=nt)
+        rows = s.eval(toks, all_logits=True)
+        out.append((rows, s.cache.k[:, :130].copy(), s.cache.v[:, :, :130].copy()))
+    for a, b in zip(out[0], out[1]):
+        assert np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
+                              b.view(np.uint32) if b.dtype == np.float32 else b)
+
+
+def test_prefill_check_reports_logit_difference(monkeypatch):
+    m = model("tiny-llama-f32")
+    real = type(m).forward
+
+    def perturbed(self, st, cache, tokens, n_past, all_logits):
+        out = real(self, st, cache, tokens, n_past, all_logits)
+        if len(tokens) > 1:  # only the batched run: move row 1, logit 5 by one ulp
+            out[1, 5] = np.nextafter(out[1, 5], np.float32(np.inf))
+        return out
+
+    monkeypatch.setattr(type(m), "forward", perturbed)
+    res = prefill_check(m, prompt(10))
+    assert not res.ok
+    assert res.logits_diff[:2] == (1, 5) and res.cache_diff is None
+    assert "position 1" in str(res) and "FAILED" in str(res)
+
+
+def test_prefill_check_reports_cache_difference(monkeypatch):
+    m = model("tiny-llama-f32")
+    real = type(m).forward
+
+    def perturbed(self, st, cache, tokens, n_past, all_logits):
+        out = real(self, st, cache, tokens, n_past, all_logits)
+        if len(tokens) > 1:  # only the batched run: flip one V entry of layer 1, position 3
+            cache.v[1, 7, 3] ^= np.uint16(1)
+        return out
+
+    monkeypatch.setattr(type(m), "forward", perturbed)
+    res = prefill_check(m, prompt(10))
+    assert not res.ok and res.logits_diff is None
+    assert res.cache_diff[:4] == ("V", 1, 3, 7)
+    assert "layer 1, position 3" in str(res)
+
+
+def test_eval_shapes_and_n_past():
+    m = model("tiny-qwen2-q4_k_m")
+    s = m.new_session(n_ctx=200)
+    assert s.n_ctx == 200 and s.n_past == 0
+    last = s.eval(prompt(70))
+    assert last.shape == (N_VOCAB,) and last.dtype == np.float32 and s.n_past == 70
+    rows = s.eval([5, 6, 7], all_logits=True)
+    assert rows.shape == (3, N_VOCAB) and rows.dtype == np.float32 and s.n_past == 73
+    one = s.eval([8], all_logits=True)
+    assert one.shape == (1, N_VOCAB)
+
+
+def test_last_row_equals_all_logits_last_row():
+    m = model("tiny-llama-q4_k")
+    toks = prompt(100, seed=3)
+    a = m.new_session(n_ctx=128).eval(toks)
+    b = m.new_session(n_ctx=128).eval(toks, all_logits=True)
+    assert np.array_equal(a.view(np.uint32), b[-1].view(np.uint32))
+
+
+def test_default_n_ctx():
+    s = model("tiny-llama-f32").new_session()
+    assert s.n_ctx == min(512, 4096)
+
+
+def test_context_overflow_is_a_clear_error():
+    m = model("tiny-llama-f32")
+    s = m.new_session(n_ctx=64)
+    s.eval(prompt(60))
+    with pytest.raises(SynapseError, match="n_ctx = 64"):
+        s.eval([3, 4, 5, 6, 7])
+    assert s.n_past == 60  # nothing was appended
+    s.eval([3, 4, 5, 6])  # exactly fills the cache
+    assert s.n_past == 64
+    with pytest.raises(SynapseError, match="context full"):
+        s.eval([3])
+    s.reset()
+    with pytest.raises(SynapseError, match="exceed n_ctx = 64"):
+        s.generate(prompt(40), n_predict=30, ignore_eos=True)
+    assert s.n_past == 0
+
+
+def test_bad_inputs_are_clear_errors():
+    m = model("tiny-llama-f32")
+    s = m.new_session(n_ctx=32)
+    with pytest.raises(SynapseError, match="outside the vocabulary"):
+        s.eval([1, N_VOCAB])
+    with pytest.raises(SynapseError, match="outside the vocabulary"):
+        s.eval([-1])
+    with pytest.raises(SynapseError, match="non-empty"):
+        s.eval([])
+    with pytest.raises(SynapseError, match="integers"):
+        s.eval([1.5])
+    assert s.n_past == 0
+    with pytest.raises(SynapseError, match="n_ctx"):
+        m.new_session(n_ctx=0)
+    with pytest.raises(SynapseError, match="n_threads"):
+        m.new_session(n_threads=0)
+    with pytest.raises(SynapseError, match="n_batch"):
+        m.new_session(n_batch=0)
+
+
+def test_reset_gives_a_fresh_cache():
+    m = model("tiny-mistral3-q4_k_m")
+    toks = prompt(80, seed=4)
+    fresh = m.new_session(n_ctx=128).eval(toks, all_logits=True)
+    s = m.new_session(n_ctx=128)
+    s.eval(prompt(100, seed=5))
+    s.reset()
+    assert s.n_past == 0
+    again = s.eval(toks, all_logits=True)
+    assert np.array_equal(fresh.view(np.uint32), again.view(np.uint32))
+
+
+def test_batch_size_does_not_change_results():
+    m = model("tiny-llama3-q4_k_m")
+    toks = prompt(100, seed=6)
+    a = Session(m, n_ctx=128, n_batch=64).eval(toks, all_logits=True)
+    b = Session(m, n_ctx=128, n_batch=7).eval(toks, all_logits=True)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_generate_is_greedy_argmax():
+    m = model("tiny-llama-q8_0")
+    toks = prompt(20, seed=7)
+    seen = []
+    got = m.new_session(n_ctx=64).generate(toks, 12, ignore_eos=True, on_token=seen.append)
+    # the same loop by hand
+    s = m.new_session(n_ctx=64)
+    logits = s.eval(toks)
+    want = []
+    for _ in range(12):
+        want.append(int(np.argmax(logits)))
+        logits = s.eval([want[-1]])
+    assert got == want and seen == want
+
+
+def test_generate_matches_golden_greedy_while_clear():
+    # text prompt of tiny-qwen2-f32: llama.cpp's greedy continuation has clear margins throughout
+    name = "tiny-qwen2-f32"
+    g = np.load(TINY / "goldens" / f"{name}.npz")
+    got = model(name).new_session(n_ctx=128).generate(g["text_tokens"].tolist(), 32, ignore_eos=True)
+    assert got == g["text_greedy"].tolist()
+
+
+def test_generate_stops_at_end_of_generation(monkeypatch):
+    m = model("tiny-llama-f32")
+    eos = 2
+    assert eos in m.tokenizer.eog_ids
+    real = Session.eval
+
+    def eos_after_3(self, tokens, all_logits=False):
+        out = real(self, tokens, all_logits)
+        if self.n_past >= 23:  # from the third generated token on, make </s> the argmax
+            out = out.copy()
+            out[..., eos] = out.max() + 1
+        return out
+
+    monkeypatch.setattr(Session, "eval", eos_after_3)
+    seen = []
+    got = m.new_session(n_ctx=64).generate(prompt(20), 10, on_token=seen.append)
+    assert got[-1] == eos and len(got) == 4 and seen == got[:-1]
+    got = m.new_session(n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
+    assert len(got) == 10 and got[3:] == [eos] * 7
