@@ -46,16 +46,27 @@ def f32_bits(typingctx, f):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
-def f16_to_f32(h):
-    """F16 bits (uint16) -> float32, exact (ggml_table_f32_f16 lookup)."""
-    return F16_TO_F32_TABLE[h]
+@intrinsic
+def f16_to_f32(typingctx, h):
+    """F16 bits (an integer whose low 16 bits hold them) -> float32, exact (= ggml_table_f32_f16[h]; LLVM fpext half -> float,
+    which vectorizes to vcvtph2ps)."""
+    if not isinstance(h, types.Integer):
+        return None
+    sig = types.float32(h)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if h.bitwidth > 16:  # numba widens uint16 arithmetic; the F16 bits are the low 16
+            v = builder.trunc(v, ir.IntType(16))
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
 
 
 @njit(cache=True, inline="always")
 def f16_le(buf, off):
     """float32 value of the little-endian F16 stored at buf[off:off+2] (uint8 buffer)."""
-    return F16_TO_F32_TABLE[np.uint16(buf[off]) | (np.uint16(buf[off + 1]) << np.uint16(8))]
+    return f16_to_f32(np.uint16(buf[off]) | (np.uint16(buf[off + 1]) << np.uint16(8)))
 
 
 @njit(cache=True, inline="always")
@@ -132,3 +143,121 @@ def u32_as_f32(typingctx, u):
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def stack_i32(typingctx, n):
+    """Pointer to n int32 in the calling function's stack frame (n a literal; allocated once in the
+    entry block). LLVM knows it aliases nothing else, which lets loops that store into it vectorize.
+    Wrap with numba.carray(ptr, n)."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.IntType(32), size=size)
+
+    return types.CPointer(types.int32)(n), codegen
+
+
+@intrinsic(prefer_literal=True)
+def stack_f32(typingctx, n):
+    """Pointer to n float32 in the calling function's stack frame (n a literal); see stack_i32."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
+
+    return types.CPointer(types.float32)(n), codegen
+
+
+# ---------------------------------------------------------------------------------------------
+# One 32-value block of an integer dot, in explicit LLVM vector IR.
+#
+# Numba leaves LLVM's SLP vectorizer off and fully unrolls 16/32-trip inner loops, so a per-block
+# loop compiles to scalar code. ggml's x86 dots are per block anyway: 32 int8 weight values x 32
+# int8 activations, products summed in groups of 4 into 8 int32 lanes (maddubs + madd), lanes
+# converted to float and accumulated with one fma each. ``make_block_lanes_fma(decode)`` builds
+# an intrinsic doing exactly that for one block, with ``decode(builder, wblock_ptr)`` producing
+# the 32 weight values as <32 x i32> for a format:
+#     block_lanes_fma(acc_ptr, d, w_row, w_off, a_row, a_off)
+#     acc[l] = fma(d, float(sum_{k<4} w[4l+k] * a[a_off + 4l + k]), acc[l])   for l in 0..7
+# acc_ptr points to 8 float32 (stack_f32(8)); w_off is the block's byte offset in w_row, a_off
+# the offset of the block's 32 int8 activations in a_row. The integer part is exact.
+# ---------------------------------------------------------------------------------------------
+
+_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+
+
+def _vload(builder, ptr_i8, n, elt=_I8):
+    vty = ir.VectorType(elt, n)
+    return builder.load(builder.bitcast(ptr_i8, vty.as_pointer()), align=1)
+
+
+def _splat(builder, val, n):
+    vty = ir.VectorType(val.type, n)
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def ir_nibbles32(builder, qs_ptr):
+    """16 bytes at qs_ptr -> <32 x i32>: low nibbles (values 0..15) then high nibbles (16..31)."""
+    v = _vload(builder, qs_ptr, 16)
+    lo = builder.and_(v, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
+    hi = builder.lshr(v, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
+    both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    return builder.zext(both, ir.VectorType(_I32, 32))
+
+
+def ir_high_bits32(builder, qh_ptr):
+    """The 32 bits of the little-endian uint32 at qh_ptr -> <32 x i32> of (bit j) << 4."""
+    qh = builder.load(builder.bitcast(qh_ptr, _I32.as_pointer()), align=1)
+    v = _splat(builder, qh, 32)
+    sh = builder.lshr(v, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    bit = builder.and_(sh, ir.Constant(ir.VectorType(_I32, 32), [1] * 32))
+    return builder.shl(bit, ir.Constant(ir.VectorType(_I32, 32), [4] * 32))
+
+
+def ir_int8x32(builder, ptr):
+    """32 int8 at ptr -> <32 x i32> (sign-extended)."""
+    return builder.sext(_vload(builder, ptr, 32), ir.VectorType(_I32, 32))
+
+
+def ir_add_const(builder, v, c):
+    return builder.add(v, ir.Constant(v.type, [c] * v.type.count))
+
+
+def make_block_lanes_fma(decode):
+    """Build the block intrinsic for a weight decoder (see the comment above)."""
+
+    @intrinsic
+    def block_lanes_fma(typingctx, acc_ptr, d, w_row, w_off, a_row, a_off):
+        sig = types.void(acc_ptr, types.float32, w_row, types.intp, a_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            accp, dval, w, wo, a, ao = args
+            wdata = context.make_array(signature.args[2])(context, builder, w).data
+            adata = context.make_array(signature.args[4])(context, builder, a).data
+            wdata = builder.bitcast(wdata, _I8.as_pointer())
+            adata = builder.bitcast(adata, _I8.as_pointer())
+            wv = decode(builder, builder.gep(wdata, [wo]))
+            av = ir_int8x32(builder, builder.gep(adata, [ao]))
+            prod = builder.mul(wv, av)
+            undef32 = ir.Constant(ir.VectorType(_I32, 32), ir.Undefined)
+            parts = [builder.shuffle_vector(prod, undef32, ir.Constant(ir.VectorType(_I32, 8), list(range(k, 32, 4))))
+                     for k in range(4)]
+            lanes = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+            fl = builder.sitofp(lanes, ir.VectorType(_F32, 8))
+            vptr = builder.bitcast(accp, ir.VectorType(_F32, 8).as_pointer())
+            acc = builder.load(vptr, align=4)
+            fty = ir.FunctionType(ir.VectorType(_F32, 8), [ir.VectorType(_F32, 8)] * 3)
+            fma = cgutils.get_or_insert_function(builder.module, fty, "llvm.fma.v8f32")
+            res = builder.call(fma, [_splat(builder, dval, 8), fl, acc])
+            builder.store(res, vptr, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block_lanes_fma

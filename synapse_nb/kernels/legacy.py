@@ -5,7 +5,8 @@ Two kinds of plain ``@njit(cache=True)`` functions, output first, on raw GGUF by
     gguf.quants.dequantize (and ggml-quants.c dequantize_row_T).
   * ``vec_dot_T(w_row: uint8[:], a_row: uint8[:], scratch: int32[:]) -> float32``: one weight
     row against one activation row already converted to T's vec_dot_type (Q8_0 / Q8_1 blocks,
-    F16 / BF16 values, F32). ``scratch`` is per-thread int32 working memory (>= matmul.scratch_ints(K)).
+    F16 / BF16 values, F32). ``scratch`` is the driver's per-thread buffer (matmul.py contract);
+    these kernels keep their few accumulators on the stack instead and leave it untouched.
 
 Summation order (documented once here, per function below): the integer part of every block is
 exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by lane:
@@ -24,9 +25,12 @@ exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by la
 """
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import carray, njit
+from numba.core import cgutils
 
-from .common import F16_TO_F32_TABLE, f16_le, fma32, hsum_float_8, reduce_add_16, u32_as_f32
+from .common import (f16_le, f16_to_f32, fma32, hsum_float_8, ir_add_const, ir_high_bits32, ir_int8x32,
+                     ir_nibbles32, make_block_lanes_fma, reduce_add_16, stack_f32, u32_as_f32)
 
 # IQ4_NL / IQ4_XS non-linear codebook (ggml-common.h kvalues_iq4nl).
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
@@ -50,7 +54,7 @@ def dequantize_row_f16(out, w_row):
     """F16 -> float32, exact (ggml_cpu_fp16_to_fp32)."""
     wh = w_row.view(np.uint16)
     for i in range(out.size):
-        out[i] = F16_TO_F32_TABLE[wh[i]]
+        out[i] = f16_to_f32(wh[i])
 
 
 @njit(cache=True)
@@ -163,24 +167,68 @@ def dequantize_row_iq4_nl(out, w_row):
 
 
 # ----------------------------------------------------------------------------------------------
-# Dot products. Pattern (for AVX-512 code from Numba): pass 1 writes the exact int32 products of
-# the whole row into scratch in one flat elementwise loop; pass 2 walks the blocks, summing groups
-# of 4 products into the 8 lanes and accumulating them with fma, as ggml's AVX2 code does.
+# Dot products of the 32-value block formats. The per-block integer work (decode 32 weights,
+# multiply by the 32 int8 activations, sum groups of 4 into 8 lanes, convert, fma into 8 float
+# accumulators) is one explicit-vector LLVM intrinsic per format (common.make_block_lanes_fma);
+# the block loop, the F16 scales and the final reduction are plain Numba.
 # ----------------------------------------------------------------------------------------------
 
 
+def _gep(builder, ptr, k):
+    return builder.gep(ptr, [ir.Constant(ir.IntType(64), k)])
+
+
+def _decode_q4_0(b, p):
+    return ir_add_const(b, ir_nibbles32(b, _gep(b, p, 2)), -8)
+
+
+def _decode_q4_1(b, p):
+    return ir_nibbles32(b, _gep(b, p, 4))
+
+
+def _decode_q5_0(b, p):
+    return ir_add_const(b, b.or_(ir_nibbles32(b, _gep(b, p, 6)), ir_high_bits32(b, _gep(b, p, 2))), -16)
+
+
+def _decode_q5_1(b, p):
+    return b.or_(ir_nibbles32(b, _gep(b, p, 8)), ir_high_bits32(b, _gep(b, p, 4)))
+
+
+def _decode_q8_0(b, p):
+    return ir_int8x32(b, _gep(b, p, 2))
+
+
+def _decode_iq4_nl(b, p):
+    # kvalues_iq4nl[nibble] via pshufb on a 16-byte table (what ggml's AVX2 code does too)
+    i8x16 = ir.VectorType(ir.IntType(8), 16)
+    v = b.load(b.bitcast(_gep(b, p, 2), i8x16.as_pointer()), align=1)
+    lo = b.and_(v, ir.Constant(i8x16, [15] * 16))
+    hi = b.lshr(v, ir.Constant(i8x16, [4] * 16))
+    table = ir.Constant(i8x16, [int(k) & 0xFF for k in KVALUES_IQ4NL])
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
+                                        "llvm.x86.ssse3.pshuf.b.128")
+    both = b.shuffle_vector(b.call(fn, [table, lo]), b.call(fn, [table, hi]),
+                            ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+    return b.sext(both, ir.VectorType(ir.IntType(32), 32))
+
+
+_blk_q4_0 = make_block_lanes_fma(_decode_q4_0)
+_blk_q4_1 = make_block_lanes_fma(_decode_q4_1)
+_blk_q5_0 = make_block_lanes_fma(_decode_q5_0)
+_blk_q5_1 = make_block_lanes_fma(_decode_q5_1)
+_blk_q8_0 = make_block_lanes_fma(_decode_q8_0)
+_blk_iq4_nl = make_block_lanes_fma(_decode_iq4_nl)
+
+
 @njit(cache=True, inline="always")
-def _lanes_fma(p, base, d, a0, a1, a2, a3, a4, a5, a6, a7):
-    """acc[l] = fma(d, float(sum p[base+4l : base+4l+4]), acc[l]) for the 8 lanes of one block."""
-    a0 = fma32(d, np.float32(p[base + 0] + p[base + 1] + p[base + 2] + p[base + 3]), a0)
-    a1 = fma32(d, np.float32(p[base + 4] + p[base + 5] + p[base + 6] + p[base + 7]), a1)
-    a2 = fma32(d, np.float32(p[base + 8] + p[base + 9] + p[base + 10] + p[base + 11]), a2)
-    a3 = fma32(d, np.float32(p[base + 12] + p[base + 13] + p[base + 14] + p[base + 15]), a3)
-    a4 = fma32(d, np.float32(p[base + 16] + p[base + 17] + p[base + 18] + p[base + 19]), a4)
-    a5 = fma32(d, np.float32(p[base + 20] + p[base + 21] + p[base + 22] + p[base + 23]), a5)
-    a6 = fma32(d, np.float32(p[base + 24] + p[base + 25] + p[base + 26] + p[base + 27]), a6)
-    a7 = fma32(d, np.float32(p[base + 28] + p[base + 29] + p[base + 30] + p[base + 31]), a7)
-    return a0, a1, a2, a3, a4, a5, a6, a7
+def _zero8(acc):
+    for l in range(8):
+        acc[l] = np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _hsum8(acc):
+    return hsum_float_8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
 
 
 @njit(cache=True)
@@ -192,20 +240,13 @@ def vec_dot_q4_0_q8_0(w_row, a_row, scratch):
     result hsum_float_8(acc).
     """
     nb = w_row.size // 18
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        wo = b * 18 + 2
-        ao = b * 34 + 2
-        for j in range(16):
-            q = w_row[wo + j]
-            p[b * 32 + j] = (np.int32(q & 15) - 8) * np.int32(ai[ao + j])
-            p[b * 32 + 16 + j] = (np.int32(q >> 4) - 8) * np.int32(ai[ao + 16 + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    accp = stack_f32(8)
+    acc = carray(accp, 8)
+    _zero8(acc)
     for b in range(nb):
         d = f16_le(w_row, b * 18) * f16_le(a_row, b * 34)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
-    return hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7)
+        _blk_q4_0(accp, d, w_row, b * 18, a_row, b * 34 + 2)
+    return _hsum8(acc)
 
 
 @njit(cache=True)
@@ -216,18 +257,13 @@ def vec_dot_q8_0_q8_0(w_row, a_row, scratch):
     as Q4_0.
     """
     nb = w_row.size // 34
-    wi = w_row.view(np.int8)
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        o = b * 34 + 2
-        for j in range(32):
-            p[b * 32 + j] = np.int32(wi[o + j]) * np.int32(ai[o + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    accp = stack_f32(8)
+    acc = carray(accp, 8)
+    _zero8(acc)
     for b in range(nb):
         d = f16_le(w_row, b * 34) * f16_le(a_row, b * 34)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
-    return hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7)
+        _blk_q8_0(accp, d, w_row, b * 34, a_row, b * 34 + 2)
+    return _hsum8(acc)
 
 
 @njit(cache=True)
@@ -238,23 +274,13 @@ def vec_dot_q5_0_q8_0(w_row, a_row, scratch):
     (q | hbit << 4) - 16, lane scheme as Q4_0.
     """
     nb = w_row.size // 22
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        wo = b * 22
-        ao = b * 34 + 2
-        qh = _u32_le(w_row, wo + 2)
-        for j in range(16):
-            q = w_row[wo + 6 + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            p[b * 32 + j] = ((np.int32(q & 15) | h0) - 16) * np.int32(ai[ao + j])
-            p[b * 32 + 16 + j] = ((np.int32(q >> 4) | h1) - 16) * np.int32(ai[ao + 16 + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    accp = stack_f32(8)
+    acc = carray(accp, 8)
+    _zero8(acc)
     for b in range(nb):
         d = f16_le(w_row, b * 22) * f16_le(a_row, b * 34)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
-    return hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7)
+        _blk_q5_0(accp, d, w_row, b * 22, a_row, b * 34 + 2)
+    return _hsum8(acc)
 
 
 @njit(cache=True)
@@ -262,28 +288,19 @@ def vec_dot_q4_1_q8_1(w_row, a_row, scratch):
     """Q4_1 weight row . Q8_1 activation row -> float32.
 
     Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q4_1_q8_1 (AVX2 path): lanes of
-    unsigned nibble x q8 sums, acc = fma(F16(dw)*F16(da), lanes, acc); summs += F16(m)*F16(s)
-    sequentially; result hsum_float_8(acc) + summs.
+    unsigned nibble x q8 sums, acc = fma(F16(dw)*F16(da), lanes, acc); summs = fma(F16(m),
+    F16(s), summs) in block order; result hsum_float_8(acc) + summs.
     """
     nb = w_row.size // 20
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        wo = b * 20 + 4
-        ao = b * 36 + 4
-        for j in range(16):
-            q = w_row[wo + j]
-            p[b * 32 + j] = np.int32(q & 15) * np.int32(ai[ao + j])
-            p[b * 32 + 16 + j] = np.int32(q >> 4) * np.int32(ai[ao + 16 + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    accp = stack_f32(8)
+    acc = carray(accp, 8)
+    _zero8(acc)
     summs = np.float32(0.0)
     for b in range(nb):
-        wo = b * 20
-        ao = b * 36
-        d = f16_le(w_row, wo) * f16_le(a_row, ao)
-        summs = _SUMMS(f16_le(w_row, wo + 2), f16_le(a_row, ao + 2), summs)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
-    return hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7) + summs
+        d = f16_le(w_row, b * 20) * f16_le(a_row, b * 36)
+        summs = _summs(f16_le(w_row, b * 20 + 2), f16_le(a_row, b * 36 + 2), summs)
+        _blk_q4_1(accp, d, w_row, b * 20, a_row, b * 36 + 4)
+    return _hsum8(acc) + summs
 
 
 @njit(cache=True)
@@ -294,27 +311,15 @@ def vec_dot_q5_1_q8_1(w_row, a_row, scratch):
     5-bit unsigned weights; acc = fma(lanes, F16(dw)*F16(da), acc).
     """
     nb = w_row.size // 24
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        wo = b * 24
-        ao = b * 36 + 4
-        qh = _u32_le(w_row, wo + 4)
-        for j in range(16):
-            q = w_row[wo + 8 + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            p[b * 32 + j] = (np.int32(q & 15) | h0) * np.int32(ai[ao + j])
-            p[b * 32 + 16 + j] = (np.int32(q >> 4) | h1) * np.int32(ai[ao + 16 + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    accp = stack_f32(8)
+    acc = carray(accp, 8)
+    _zero8(acc)
     summs = np.float32(0.0)
     for b in range(nb):
-        wo = b * 24
-        ao = b * 36
-        d = f16_le(w_row, wo) * f16_le(a_row, ao)
-        summs = _SUMMS(f16_le(w_row, wo + 2), f16_le(a_row, ao + 2), summs)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
-    return hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7) + summs
+        d = f16_le(w_row, b * 24) * f16_le(a_row, b * 36)
+        summs = _summs(f16_le(w_row, b * 24 + 2), f16_le(a_row, b * 36 + 2), summs)
+        _blk_q5_1(accp, d, w_row, b * 24, a_row, b * 36 + 4)
+    return _hsum8(acc) + summs
 
 
 @njit(cache=True)
@@ -327,38 +332,34 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     sumf = fma(d, isum, sumf).
     """
     nb = w_row.size // 18
-    ai = a_row.view(np.int8)
-    p = scratch
-    for b in range(nb):
-        wo = b * 18 + 2
-        ao = b * 34 + 2
-        for j in range(16):
-            q = w_row[wo + j]
-            p[b * 32 + j] = np.int32(KVALUES_IQ4NL[q & 15]) * np.int32(ai[ao + j])
-            p[b * 32 + 16 + j] = np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[ao + 16 + j])
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = np.float32(0.0)
-    npair = nb // 2
-    for i in range(npair):
+    p1 = stack_f32(8)
+    p2 = stack_f32(8)
+    acc1 = carray(p1, 8)
+    acc2 = carray(p2, 8)
+    _zero8(acc1)
+    _zero8(acc2)
+    for i in range(nb // 2):
         b = 2 * i
-        d = f16_le(a_row, b * 34) * f16_le(w_row, b * 18)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _lanes_fma(p, b * 32, d, a0, a1, a2, a3, a4, a5, a6, a7)
+        _blk_iq4_nl(p1, f16_le(a_row, b * 34) * f16_le(w_row, b * 18), w_row, b * 18, a_row, b * 34 + 2)
         b = 2 * i + 1
-        d = f16_le(a_row, b * 34) * f16_le(w_row, b * 18)
-        c0, c1, c2, c3, c4, c5, c6, c7 = _lanes_fma(p, b * 32, d, c0, c1, c2, c3, c4, c5, c6, c7)
-    sumf = hsum_float_8(a0 + c0, a1 + c1, a2 + c2, a3 + c3, a4 + c4, a5 + c5, a6 + c6, a7 + c7)
+        _blk_iq4_nl(p2, f16_le(a_row, b * 34) * f16_le(w_row, b * 18), w_row, b * 18, a_row, b * 34 + 2)
+    for l in range(8):
+        acc1[l] = acc1[l] + acc2[l]
+    sumf = _hsum8(acc1)
     if nb % 2 == 1:
         b = nb - 1
-        d = f16_le(a_row, b * 34) * f16_le(w_row, b * 18)
+        ai = a_row.view(np.int8)
         isum = np.int32(0)
-        for j in range(32):
-            isum += p[b * 32 + j]
-        sumf = fma32(d, np.float32(isum), sumf)
+        for j in range(16):
+            q = w_row[b * 18 + 2 + j]
+            isum += np.int32(KVALUES_IQ4NL[q & 15]) * np.int32(ai[b * 34 + 2 + j])
+            isum += np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[b * 34 + 18 + j])
+        sumf = fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
     return sumf
 
 
 @njit(cache=True, inline="always")
-def _SUMMS(m, s, acc):
+def _summs(m, s, acc):
     """summs += F16(m) * F16(s): GCC contracts this C expression into one fma on x86-64 with FMA."""
     return fma32(m, s, acc)
 
@@ -374,7 +375,7 @@ def vec_dot_f32(w_row, a_row, scratch):
     w = w_row.view(np.float32)
     x = a_row.view(np.float32)
     n = w.size
-    acc = scratch[:64].view(np.float32)
+    acc = carray(stack_f32(64), 64)
     for t in range(64):
         acc[t] = np.float32(0.0)
     npart = n - n % 64
@@ -400,18 +401,18 @@ def vec_dot_f16(w_row, a_row, scratch):
     wh = w_row.view(np.uint16)
     xh = a_row.view(np.uint16)
     n = wh.size
-    acc = scratch[:64].view(np.float32)
+    acc = carray(stack_f32(64), 64)
     for t in range(64):
         acc[t] = np.float32(0.0)
     npart = n - n % 64
     for i in range(0, npart, 64):
         for t in range(64):
-            acc[t] = fma32(F16_TO_F32_TABLE[wh[i + t]], F16_TO_F32_TABLE[xh[i + t]], acc[t])
+            acc[t] = fma32(f16_to_f32(wh[i + t]), f16_to_f32(xh[i + t]), acc[t])
     for t in range(16):
         acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
     sumd = np.float64(reduce_add_16(acc))
     for i in range(npart, n):
-        sumd += np.float64(F16_TO_F32_TABLE[wh[i]] * F16_TO_F32_TABLE[xh[i]])
+        sumd += np.float64(f16_to_f32(wh[i]) * f16_to_f32(xh[i]))
     return np.float32(sumd)
 
 
@@ -427,21 +428,18 @@ def vec_dot_bf16(w_row, a_row, scratch):
     wh = w_row.view(np.uint16)
     xh = a_row.view(np.uint16)
     n = wh.size
-    pf = scratch[: n].view(np.float32)
-    for i in range(n):
-        pf[i] = _bf16(wh[i]) * _bf16(xh[i])
-    acc = scratch[n: n + 32].view(np.float32)
+    acc = carray(stack_f32(32), 32)
     for t in range(32):
         acc[t] = np.float32(0.0)
     npart = n - n % 64
     for i in range(0, npart, 64):
         for t in range(32):
-            acc[t] = acc[t] + pf[i + 2 * t + 1]
-            acc[t] = acc[t] + pf[i + 2 * t]
+            acc[t] = acc[t] + _bf16(wh[i + 2 * t + 1]) * _bf16(xh[i + 2 * t + 1])
+            acc[t] = acc[t] + _bf16(wh[i + 2 * t]) * _bf16(xh[i + 2 * t])
     sumd = np.float64(reduce_add_16(acc[:16]))
     sumd += np.float64(reduce_add_16(acc[16:]))
     for i in range(npart, n):
-        sumd += np.float64(pf[i])
+        sumd += np.float64(_bf16(wh[i]) * _bf16(xh[i]))
     return np.float32(sumd)
 
 

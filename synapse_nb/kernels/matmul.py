@@ -18,6 +18,11 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT (settled 2026-11-29; the K-quant helper 
   K-quants (kquants.py): ``vec_dot_q2_K_q8_K`` ... ``vec_dot_q6_K_q8_K``, ``vec_dot_iq4_xs_q8_K``
   with the scratch argument above, ``dequantize_row_q2_K`` ... ``dequantize_row_iq4_xs``, and
   ``quantize_row_q8_K(out, x)`` (292 bytes per 256 values: f32 d, int8 qs[256], int16 bsums[16]).
+* Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
+  unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
+  legacy formats therefore do each block's integer work in one explicit-vector LLVM intrinsic
+  (common.make_block_lanes_fma); check ``inspect_asm()`` of any new row function for zmm/ymm.
+  A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
