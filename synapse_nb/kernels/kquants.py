@@ -33,6 +33,7 @@ f32 d, 256 int8 qs, 16 int16 bsums (292 bytes).
 import math
 
 import numpy as np
+import llvmlite.binding as _llvm
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
@@ -153,43 +154,105 @@ def _hsum8(a):
     return (r0 + r2) + (r1 + r3)
 
 
+# Does LLVM target AVX512-VNNI with 256-bit vectors here?  Then _dot32 uses vpdpbusd (the
+# instruction computes exactly our 4-value lane sums); otherwise portable vector IR.  Numba's
+# on-disk cache is keyed on the host CPU and its features, so cached code never crosses CPUs.
+_HOST_FEATURES = _llvm.get_host_cpu_features()
+_VNNI256 = bool(_HOST_FEATURES.get("avx512vnni") and _HOST_FEATURES.get("avx512vl"))
+
+
+def _splat(builder, vty, value):
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(i32, vty.count), [0] * vty.count))
+
+
+@intrinsic
+def _dot32(typingctx, p, qb, qo, ya, yo, s_lo, s_hi):
+    """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
+
+    p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
+    qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
+    The 4-value lane sums are those of ggml's maddubs+madd (exact int32); with AVX512-VNNI
+    they are one vpdpbusd.
+    """
+    sig = types.void(p, qb, types.intp, ya, types.intp, types.int32, types.int32)
+
+    def codegen(context, builder, signature, args):
+        p_t, qb_t, _, ya_t, _, _, _ = signature.args
+        p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
+        i8 = ir.IntType(8)
+        i32 = ir.IntType(32)
+        v32b = ir.VectorType(i8, 32)
+        v8i = ir.VectorType(i32, 8)
+        v32i = ir.VectorType(i32, 32)
+        p_a = context.make_array(p_t)(context, builder, p_v)
+        q_a = context.make_array(qb_t)(context, builder, qb_v)
+        y_a = context.make_array(ya_t)(context, builder, ya_v)
+        Q = builder.load(builder.bitcast(builder.gep(q_a.data, [qo_v]), v32b.as_pointer()), align=1)
+        Y = builder.load(builder.bitcast(builder.gep(y_a.data, [yo_v]), v32b.as_pointer()), align=1)
+        if _VNNI256:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i, [v8i, v8i, v8i]),
+                                                "llvm.x86.avx512.vpdpbusd.256")
+            lanes = builder.call(fn, [ir.Constant(v8i, [0] * 8), builder.bitcast(Q, v8i), builder.bitcast(Y, v8i)])
+        else:
+            prod = builder.mul(builder.zext(Q, v32i), builder.sext(Y, v32i))
+
+            def pick(off):
+                return builder.shuffle_vector(prod, ir.Constant(v32i, None),
+                                              ir.Constant(v8i, [4 * k + off for k in range(8)]))
+
+            lanes = builder.add(builder.add(pick(0), pick(1)), builder.add(pick(2), pick(3)))
+        lo = _splat(builder, v8i, slo_v)
+        hi = _splat(builder, v8i, shi_v)
+        scale = builder.shuffle_vector(lo, hi, ir.Constant(v8i, [0, 1, 2, 3, 12, 13, 14, 15]))
+        p_ptr = builder.bitcast(p_a.data, v8i.as_pointer())
+        builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @intrinsic
 def _lanes_fma(typingctx, acc, d, p):
-    """acc[k] = fma(d, float32(p[4k] + p[4k+1] + p[4k+2] + p[4k+3]), acc[k]) for k = 0..7.
+    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]).
 
-    acc: float32[>= 8], d: float32, p: int32[>= 32] (C-contiguous).  The lane sums are
-    exact int32 (as ggml's __m256i sumi), each lane gets one fused multiply-add (as
-    _mm256_fmadd_ps).  Written as one LLVM vector operation (<8 x float> llvm.fma) because
-    Numba compiles the scalar form to 8 extract/convert/fma sequences.
+    One fused multiply-add per lane, as _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc),
+    written as one <8 x float> llvm.fma (Numba compiles the scalar loop to 8 extract/convert/fma).
     """
     sig = types.void(acc, types.float32, p)
 
     def codegen(context, builder, signature, args):
         acc_t, _, p_t = signature.args
         acc_v, d_v, p_v = args
-        acc_a = context.make_array(acc_t)(context, builder, acc_v)
-        p_a = context.make_array(p_t)(context, builder, p_v)
         i32 = ir.IntType(32)
         f32 = ir.FloatType()
-        v32i = ir.VectorType(i32, 32)
+        v8i = ir.VectorType(i32, 8)
         v8f = ir.VectorType(f32, 8)
-        P = builder.load(builder.bitcast(p_a.data, v32i.as_pointer()), align=4)
-
-        def pick(off):
-            return builder.shuffle_vector(P, ir.Constant(v32i, None),
-                                          ir.Constant(ir.VectorType(i32, 8), [4 * k + off for k in range(8)]))
-
-        lanes = builder.add(builder.add(pick(0), pick(1)), builder.add(pick(2), pick(3)))
-        dsplat = builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, None), d_v, ir.Constant(i32, 0)),
-                                        ir.Constant(v8f, None), ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        acc_a = context.make_array(acc_t)(context, builder, acc_v)
+        p_a = context.make_array(p_t)(context, builder, p_v)
+        P = builder.load(builder.bitcast(p_a.data, v8i.as_pointer()), align=4)
         acc_p = builder.bitcast(acc_a.data, v8f.as_pointer())
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
                                              "llvm.fma.v8f32")
-        builder.store(builder.call(fma, [dsplat, builder.sitofp(lanes, v8f), builder.load(acc_p, align=4)]),
-                      acc_p, align=4)
+        builder.store(builder.call(fma, [_splat(builder, v8f, d_v), builder.sitofp(P, v8f),
+                                         builder.load(acc_p, align=4)]), acc_p, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _stack_u8(typingctx, n):
+    """Pointer to n uint8 on the caller's stack (n a literal)."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, ir.IntType(8), size=size)
+
+    return types.CPointer(types.uint8)(n), codegen
 
 
 @njit(cache=True)
@@ -422,12 +485,14 @@ def dequantize_row_iq4_xs(out, w_row):
 # ---------------------------------------------------------------------------------------
 # Dot products with Q8_K activations (ggml-cpu/arch/x86/quants.c, AVX2 path)
 # ---------------------------------------------------------------------------------------
-# Every kernel below forms, per super-block, p[t] (t = 0..31) = sum over the block's eight
-# 32-value chunks of scale * q * q8 at position t of the chunk (int32, exact), so that
-# lane k = p[4k] + ... + p[4k+3] is exactly the k-th int32 of ggml's __m256i sumi.  Scales
-# are unpacked once per block into a small stack array; the inner loops are flat and
-# branch-free so that LLVM vectorizes them (zmm vpmaddwd / vpdpwssd on this machine).
-# Activations: d at byte 292*i (f32), qs at 292*i + 4 (int8), bsums at int16 index 146*i + 130.
+# Per super-block: the weights are unpacked into qb[256] (uint8, value order: a flat,
+# vectorized byte loop), then each 32-value chunk adds scale * (4-value dot products) into
+# the eight int32 lanes p[8] (_dot32: one vpdpbusd with AVX512-VNNI), then
+# acc = fma(d, float(p), acc) lane-wise (_lanes_fma).  Signed weights are stored with an
+# offset and the offset's dot product is subtracted, as ggml does; every step is exact int32.
+# Each block is taken as a slice (w, y): indices into it are then small non-negative loop
+# values, which lets LLVM drop Numba's negative-index checks and vectorize the byte loops.
+# Q8_K block y: d = f32 at byte 0, qs = int8 at bytes 4..259, bsums = int16 at int16 index 130.
 # ``scratch`` (driver contract, int32[>= 2K+128]) is accepted but not needed: the per-block
 # buffers live on the stack.
 
@@ -441,42 +506,39 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     fma(y.d*d, lane k); result hsum_float_8.
     """
     nb = w_row.size // Q2_K_BYTES
-    a8 = a_row.view(np.int8)
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(32), 32)
+    p = carray(_stack_i32(8), 8)
+    pm = carray(_stack_i32(8), 8)
     sc = carray(_stack_i32(32), 32)
-    ss = carray(_stack_i32(32), 32)
+    qb = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
-        o = i * Q2_K_BYTES
-        yo = i * Q8_K_BYTES
-        bo = i * (Q8_K_BYTES // 2) + 130
-        yd = _f32(a_row, yo)
-        d = yd * _f16(w_row, o + 80)
-        dmin = -yd * _f16(w_row, o + 82)
+        w = w_row[i * Q2_K_BYTES:(i + 1) * Q2_K_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
+        yd = _f32(y, 0)
+        d = yd * _f16(w, 80)
+        dmin = -yd * _f16(w, 82)
         for j in range(16):
-            b = np.int32(w_row[o + j])
+            b = np.int32(w[j])
             sc[j] = b & np.int32(15)
             sc[16 + j] = b >> np.int32(4)
         for k in range(8):
-            prod = (sc[16 + 2 * k] * np.int32(a16[bo + 2 * k])
-                    + sc[17 + 2 * k] * np.int32(a16[bo + 2 * k + 1]))
-            acc[k] = _fma_f32(dmin, np.float32(prod), acc[k])
-        for t in range(32):
-            p[t] = 0
+            pm[k] = sc[16 + 2 * k] * np.int32(y16[130 + 2 * k]) + sc[17 + 2 * k] * np.int32(y16[131 + 2 * k])
+        _lanes_fma(acc, dmin, pm)
         for j in range(2):
-            for s in range(4):
-                for t in range(16):
-                    ss[t] = sc[8 * j + 2 * s]
-                    ss[16 + t] = sc[8 * j + 2 * s + 1]
-                sh = np.int32(2 * s)
-                qo = yo + 4 + 128 * j + 32 * s
-                wo = o + 16 + 32 * j
-                for t in range(32):
-                    q = (np.int32(w_row[wo + t]) >> sh) & np.int32(3)
-                    p[t] += ss[t] * q * np.int32(a8[qo + t])
+            for t in range(32):
+                b = w[16 + 32 * j + t]
+                qb[128 * j + t] = b & np.uint8(3)
+                qb[128 * j + 32 + t] = (b >> np.uint8(2)) & np.uint8(3)
+                qb[128 * j + 64 + t] = (b >> np.uint8(4)) & np.uint8(3)
+                qb[128 * j + 96 + t] = b >> np.uint8(6)
+        for k in range(8):
+            p[k] = 0
+        for c in range(8):
+            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
         _lanes_fma(acc, d, p)
     return _hsum8(acc)
 
@@ -486,37 +548,41 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q3_K row with a Q8_K row -> float32 (ggml_vec_dot_q3_K_q8_K, x86 AVX2).
 
     w_row: uint8[nb*110]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(y.d*d, lane k) over (scale-32) * (q2 - (hbit ? 0 : 4)) * q8.
+    acc[k] = fma(y.d*d, lane k) over (scale-32) * (q2 - (hbit ? 0 : 4)) * q8, the low
+    2 bits and the "minus 4" part dotted separately as in ggml.
     """
     nb = w_row.size // Q3_K_BYTES
-    a8 = a_row.view(np.int8)
-    p = carray(_stack_i32(32), 32)
+    p = carray(_stack_i32(8), 8)
     sc = carray(_stack_i32(16), 16)
-    ss = carray(_stack_i32(32), 32)
+    qb = carray(_stack_u8(256), 256)
+    qh = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
-        o = i * Q3_K_BYTES
-        yo = i * Q8_K_BYTES
-        d = _f32(a_row, yo) * _f16(w_row, o + 108)
+        w = w_row[i * Q3_K_BYTES:(i + 1) * Q3_K_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        d = _f32(y, 0) * _f16(w, 108)
         for j in range(16):
-            sc[j] = _q3_scale(w_row, o + 96, j)
-        for t in range(32):
-            p[t] = 0
+            sc[j] = _q3_scale(w, 96, j)
         for j in range(2):
-            for s in range(4):
-                for t in range(16):
-                    ss[t] = sc[8 * j + 2 * s]
-                    ss[16 + t] = sc[8 * j + 2 * s + 1]
-                sh = np.int32(2 * s)
-                hs = np.int32(4 * j + s)
-                qo = yo + 4 + 128 * j + 32 * s
-                wo = o + 32 + 32 * j
-                for t in range(32):
-                    q = (((np.int32(w_row[wo + t]) >> sh) & np.int32(3)) - np.int32(4)
-                         + (((np.int32(w_row[o + t]) >> hs) & np.int32(1)) << np.int32(2)))
-                    p[t] += ss[t] * q * np.int32(a8[qo + t])
+            for t in range(32):
+                b = w[32 + 32 * j + t]
+                hm = w[t] >> np.uint8(4 * j)
+                qb[128 * j + t] = b & np.uint8(3)
+                qb[128 * j + 32 + t] = (b >> np.uint8(2)) & np.uint8(3)
+                qb[128 * j + 64 + t] = (b >> np.uint8(4)) & np.uint8(3)
+                qb[128 * j + 96 + t] = b >> np.uint8(6)
+                # 4 where the high bit is clear, else 0
+                qh[128 * j + t] = ((hm & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+                qh[128 * j + 32 + t] = (((hm >> np.uint8(1)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+                qh[128 * j + 64 + t] = (((hm >> np.uint8(2)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+                qh[128 * j + 96 + t] = (((hm >> np.uint8(3)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+        for k in range(8):
+            p[k] = 0
+        for c in range(8):
+            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+            _dot32(p, qh, 32 * c, y, 4 + 32 * c, -sc[2 * c], -sc[2 * c + 1])
         _lanes_fma(acc, d, p)
     return _hsum8(acc)
 
@@ -545,36 +611,34 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
     Result hsum_float_8(acc) + ((accm0+accm2) + (accm1+accm3)).
     """
     nb = w_row.size // Q4_K_BYTES
-    a8 = a_row.view(np.int8)
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(32), 32)
+    p = carray(_stack_i32(8), 8)
     sc = carray(_stack_i32(16), 16)
+    qb = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(12), 12)
     for k in range(12):
         acc[k] = np.float32(0.0)
     for i in range(nb):
-        o = i * Q4_K_BYTES
-        yo = i * Q8_K_BYTES
-        bo = i * (Q8_K_BYTES // 2) + 130
-        yd = _f32(a_row, yo)
-        d = yd * _f16(w_row, o)
-        dmin = -yd * _f16(w_row, o + 2)
-        _k4_unpack(sc, w_row, o + 4)
+        w = w_row[i * Q4_K_BYTES:(i + 1) * Q4_K_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
+        yd = _f32(y, 0)
+        d = yd * _f16(w, 0)
+        dmin = -yd * _f16(w, 2)
+        _k4_unpack(sc, w, 4)
         for m in range(4):
-            qa = np.int32(a16[bo + 4 * m]) + np.int32(a16[bo + 4 * m + 1])
-            qb = np.int32(a16[bo + 4 * m + 2]) + np.int32(a16[bo + 4 * m + 3])
-            acc[8 + m] = _fma_f32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qb), acc[8 + m])
-        for t in range(32):
-            p[t] = 0
+            qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
+            qc = np.int32(y16[132 + 4 * m]) + np.int32(y16[133 + 4 * m])
+            acc[8 + m] = _fma_f32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
         for j in range(4):
-            s1 = sc[2 * j]
-            s2 = sc[2 * j + 1]
-            qo = yo + 4 + 64 * j
-            wo = o + 16 + 32 * j
             for t in range(32):
-                b = np.int32(w_row[wo + t])
-                p[t] += (s1 * (b & np.int32(15)) * np.int32(a8[qo + t])
-                         + s2 * (b >> np.int32(4)) * np.int32(a8[qo + 32 + t]))
+                b = w[16 + 32 * j + t]
+                qb[64 * j + t] = b & np.uint8(15)
+                qb[64 * j + 32 + t] = b >> np.uint8(4)
+        for k in range(8):
+            p[k] = 0
+        for c in range(8):
+            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
         _lanes_fma(acc, d, p)
     return _hsum8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
 
@@ -588,41 +652,36 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
     bsums[2c+1]), summs).  Result hsum_float_8(acc) + summs.
     """
     nb = w_row.size // Q5_K_BYTES
-    a8 = a_row.view(np.int8)
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(32), 32)
+    p = carray(_stack_i32(8), 8)
     sc = carray(_stack_i32(16), 16)
+    qb = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     summs = np.float32(0.0)
     for i in range(nb):
-        o = i * Q5_K_BYTES
-        yo = i * Q8_K_BYTES
-        bo = i * (Q8_K_BYTES // 2) + 130
-        yd = _f32(a_row, yo)
-        d = yd * _f16(w_row, o)
-        dmin = -yd * _f16(w_row, o + 2)
-        _k4_unpack(sc, w_row, o + 4)
+        w = w_row[i * Q5_K_BYTES:(i + 1) * Q5_K_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
+        yd = _f32(y, 0)
+        d = yd * _f16(w, 0)
+        dmin = -yd * _f16(w, 2)
+        _k4_unpack(sc, w, 4)
         msum = np.int32(0)
         for c in range(8):
-            msum += sc[8 + c] * (np.int32(a16[bo + 2 * c]) + np.int32(a16[bo + 2 * c + 1]))
+            msum += sc[8 + c] * (np.int32(y16[130 + 2 * c]) + np.int32(y16[131 + 2 * c]))
         summs = _fma_f32(dmin, np.float32(msum), summs)
-        for t in range(32):
-            p[t] = 0
         for j in range(4):
-            s1 = sc[2 * j]
-            s2 = sc[2 * j + 1]
-            h1 = np.int32(2 * j)
-            h2 = np.int32(2 * j + 1)
-            qo = yo + 4 + 64 * j
-            wo = o + 48 + 32 * j
             for t in range(32):
-                b = np.int32(w_row[wo + t])
-                h = np.int32(w_row[o + 16 + t])
-                q1 = (b & np.int32(15)) | (((h >> h1) & np.int32(1)) << np.int32(4))
-                q2 = (b >> np.int32(4)) | (((h >> h2) & np.int32(1)) << np.int32(4))
-                p[t] += s1 * q1 * np.int32(a8[qo + t]) + s2 * q2 * np.int32(a8[qo + 32 + t])
+                b = w[48 + 32 * j + t]
+                h = w[16 + t] >> np.uint8(2 * j)
+                qb[64 * j + t] = (b & np.uint8(15)) | ((h & np.uint8(1)) << np.uint8(4))
+                qb[64 * j + 32 + t] = (b >> np.uint8(4)) | (((h >> np.uint8(1)) & np.uint8(1)) << np.uint8(4))
+        for k in range(8):
+            p[k] = 0
+        for c in range(8):
+            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
         _lanes_fma(acc, d, p)
     return _hsum8(acc) + summs
 
@@ -638,47 +697,42 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     then acc[k] = fma(y.d*d, lane k, acc[k]); result hsum_float_8.
     """
     nb = w_row.size // Q6_K_BYTES
-    a8 = a_row.view(np.int8)
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(32), 32)
+    p = carray(_stack_i32(8), 8)
     sc = carray(_stack_i32(16), 16)
+    qb = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
-        o = i * Q6_K_BYTES
-        yo = i * Q8_K_BYTES
-        bo = i * (Q8_K_BYTES // 2) + 130
-        d = _f32(a_row, yo) * _f16(w_row, o + 208)
+        w = w_row[i * Q6_K_BYTES:(i + 1) * Q6_K_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
+        d = _f32(y, 0) * _f16(w, 208)
         for j in range(16):
-            sc[j] = np.int32(np.int8(w_row[o + 192 + j]))
-        for t in range(32):
-            p[t] = 0
+            sc[j] = np.int32(np.int8(w[192 + j]))
         for j in range(2):
-            qo = yo + 4 + 128 * j
-            lo = o + 64 * j
-            ho = o + 128 + 32 * j
-            for h in range(2):
-                s1 = sc[8 * j + h]
-                s2 = sc[8 * j + 2 + h]
-                s3 = sc[8 * j + 4 + h]
-                s4 = sc[8 * j + 6 + h]
-                for t in range(16 * h, 16 * h + 16):
-                    a = np.int32(w_row[lo + t])
-                    b = np.int32(w_row[lo + 32 + t])
-                    hb = np.int32(w_row[ho + t])
-                    q1 = (a & np.int32(15)) | ((hb & np.int32(3)) << np.int32(4))
-                    q2 = (b & np.int32(15)) | (((hb >> np.int32(2)) & np.int32(3)) << np.int32(4))
-                    q3 = (a >> np.int32(4)) | (((hb >> np.int32(4)) & np.int32(3)) << np.int32(4))
-                    q4 = (b >> np.int32(4)) | (((hb >> np.int32(6)) & np.int32(3)) << np.int32(4))
-                    p[t] += (s1 * q1 * np.int32(a8[qo + t]) + s2 * q2 * np.int32(a8[qo + 32 + t])
-                             + s3 * q3 * np.int32(a8[qo + 64 + t]) + s4 * q4 * np.int32(a8[qo + 96 + t]))
+            for t in range(32):
+                a = w[64 * j + t]
+                b = w[64 * j + 32 + t]
+                h = w[128 + 32 * j + t]
+                qb[128 * j + t] = (a & np.uint8(15)) | ((h & np.uint8(3)) << np.uint8(4))
+                qb[128 * j + 32 + t] = (b & np.uint8(15)) | (((h >> np.uint8(2)) & np.uint8(3)) << np.uint8(4))
+                qb[128 * j + 64 + t] = (a >> np.uint8(4)) | (((h >> np.uint8(4)) & np.uint8(3)) << np.uint8(4))
+                qb[128 * j + 96 + t] = (b >> np.uint8(4)) | ((h >> np.uint8(6)) << np.uint8(4))
         for k in range(8):
             # the -32 offset of lane k: sub-blocks 2k, 2k+1 (ggml's q8sclsub), exact int32
-            p[4 * k] -= (sc[2 * k] * np.int32(a16[bo + 2 * k])
-                         + sc[2 * k + 1] * np.int32(a16[bo + 2 * k + 1])) << np.int32(5)
+            p[k] = -((sc[2 * k] * np.int32(y16[130 + 2 * k])
+                      + sc[2 * k + 1] * np.int32(y16[131 + 2 * k])) << np.int32(5))
+        for c in range(8):
+            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
         _lanes_fma(acc, d, p)
     return _hsum8(acc)
+
+
+# kvalues_iq4nl + 128, so that the weights are unsigned bytes for the 4-value dots
+_KV_IQ4_U8 = (KVALUES_IQ4NL.astype(np.int32) + 128).astype(np.uint8)
+_U8_128 = np.full(32, 128, np.uint8)
 
 
 @njit(cache=True)
@@ -686,30 +740,33 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
     """Dot of an IQ4_XS row with a Q8_K row -> float32 (ggml_vec_dot_iq4_xs_q8_K, x86 AVX2).
 
     w_row: uint8[nb*136]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(fp16(d)*y.d, lane k) over (ls - 32) * kvalues[q] * q8.
+    acc[k] = fma(fp16(d)*y.d, lane k) over (ls - 32) * kvalues[q] * q8 (dotted as
+    (kvalues + 128) * q8 minus 128 * q8, exact int32).
     """
     nb = w_row.size // IQ4_XS_BYTES
-    a8 = a_row.view(np.int8)
-    kv = KVALUES_IQ4NL
-    p = carray(_stack_i32(32), 32)
+    kv = _KV_IQ4_U8
+    c128 = _U8_128
+    p = carray(_stack_i32(8), 8)
+    qb = carray(_stack_u8(256), 256)
     acc = carray(_stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
-        o = i * IQ4_XS_BYTES
-        yo = i * Q8_K_BYTES
-        d = _f16(w_row, o) * _f32(a_row, yo)
-        sh = np.int32(w_row[o + 2]) | (np.int32(w_row[o + 3]) << np.int32(8))
-        for t in range(32):
-            p[t] = 0
+        w = w_row[i * IQ4_XS_BYTES:(i + 1) * IQ4_XS_BYTES]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        d = _f16(w, 0) * _f32(y, 0)
+        sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
         for ib in range(8):
-            ls = (((np.int32(w_row[o + 4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
-                  | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
-            qo = yo + 4 + 32 * ib
-            wo = o + 8 + 16 * ib
             for t in range(16):
-                b = np.int32(w_row[wo + t])
-                p[t] += ls * np.int32(kv[b & np.int32(15)]) * np.int32(a8[qo + t])
-                p[16 + t] += ls * np.int32(kv[b >> np.int32(4)]) * np.int32(a8[qo + 16 + t])
+                b = w[8 + 16 * ib + t]
+                qb[32 * ib + t] = kv[b & np.uint8(15)]
+                qb[32 * ib + 16 + t] = kv[b >> np.uint8(4)]
+        for k in range(8):
+            p[k] = 0
+        for ib in range(8):
+            ls = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
+                  | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+            _dot32(p, qb, 32 * ib, y, 4 + 32 * ib, ls, ls)
+            _dot32(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)
         _lanes_fma(acc, d, p)
     return _hsum8(acc)
