@@ -345,3 +345,26 @@ def test_vec_dot_close_to_float64_of_dequantized(fmt):
         worst = max(worst, err.max())
         assert (err <= (nb + 8) * 2.0 ** -24).all(), err.max()
     assert worst > 0  # the comparison is live (float32 rounding is visible)
+
+
+def test_portable_dot_path_matches_ggml(monkeypatch):
+    """The vector-IR fallback used on CPUs without AVX512-VNNI gives the same bits.
+
+    _dot32 picks vpdpbusd or portable vector IR when a kernel is compiled; recompile every
+    vec_dot (uncached) with the portable choice and compare with ggml's results.
+    """
+    from numba import njit
+
+    monkeypatch.setattr(kq, "_VNNI256", False)
+    rng = np.random.default_rng(9)
+    for fmt in FORMATS:
+        portable = njit(cache=False)(dot_fn(fmt).py_func)
+        z = np.load(KERNELS / f"{fmt}.npz")
+        w, a, y = z["weight_bytes"], z["act_bytes"], z["y"]
+        ours = np.array([[portable(w[m], a[r], scratch(256)) for m in range(0, w.shape[0], 7)]
+                         for r in range(a.shape[0])], np.float32)
+        assert np.array_equal(bits(ours), bits(y[:, ::7])), fmt
+        wr = random_rows(fmt, 4, 19, rng)
+        ar = random_acts(19 * 256, rng)
+        for m in range(wr.shape[0]):
+            assert bits1(portable(wr[m], ar, scratch(19 * 256))) == bits1(dot_fn(fmt)(wr[m], ar, scratch(19 * 256)))
