@@ -217,3 +217,228 @@ def test_bad_inputs(tmp_path):
         load_tokenizer(bad)
     with pytest.raises(TypeError):
         tok("qwen2").tokenize(123)
+
+
+# --- literal ports of llama.cpp loops, to check the optimized paths against ---------------
+
+def _flags(ch: str):
+    """(is_whitespace, is_letter, is_number) from the same Unicode source as llama.cpp's
+    gen-unicode-data.py (the regex package)."""
+    import regex
+    return (bool(regex.match(r"\s", ch)), bool(regex.match(r"\p{L}", ch)),
+            bool(regex.match(r"\p{N}", ch)))
+
+
+def _ref_split_llama3(text: str) -> list[str]:
+    """unicode.cpp unicode_regex_split_custom_llama3, transcribed."""
+    n = len(text)
+    fl = [_flags(c) for c in text]
+    ws = lambda p: 0 <= p < n and fl[p][0]  # noqa: E731
+    let = lambda p: 0 <= p < n and fl[p][1]  # noqa: E731
+    num = lambda p: 0 <= p < n and fl[p][2]  # noqa: E731
+    cpt = lambda p: text[p] if 0 <= p < n else None  # noqa: E731
+    out, prev, pos = [], 0, 0
+
+    def add(end):
+        nonlocal prev
+        if end > prev:
+            out.append(text[prev:end])
+        prev = end
+
+    while pos < n:
+        c = text[pos]
+        if c == "'" and pos + 1 < n:
+            c1 = text[pos + 1].lower() if text[pos + 1].isascii() else text[pos + 1]
+            if c1 in "stmd":
+                add(pos + 2); pos += 2; continue  # noqa: E702
+            if pos + 2 < n:
+                c2 = text[pos + 2].lower() if text[pos + 2].isascii() else text[pos + 2]
+                if (c1, c2) in (("r", "e"), ("v", "e"), ("l", "l")):
+                    add(pos + 3); pos += 3; continue  # noqa: E702
+        if not (c in "\r\n" or num(pos)):
+            if let(pos) or let(pos + 1):
+                pos += 1
+                while let(pos):
+                    pos += 1
+                add(pos); continue  # noqa: E702
+        if num(pos):
+            ini = pos
+            while num(pos):
+                pos += 1
+                if pos - ini >= 3:
+                    add(pos); ini = pos  # noqa: E702
+            add(pos); continue  # noqa: E702
+        q = pos + 1 if c == " " else pos
+        if not (ws(q) or let(q) or num(q)) and True:  # flags.as_uint() != 0 in range
+            if c == " " and q >= n:
+                pass  # flags2 of an out-of-range position is 0: the loop does not run
+            pos += c == " "
+            while pos < n and not (ws(pos) or let(pos) or num(pos)):
+                pos += 1
+            while cpt(pos) in ("\r", "\n"):
+                pos += 1
+            add(pos); continue  # noqa: E702
+        nw, last_rn = 0, 0
+        while ws(pos + nw):
+            if text[pos + nw] in "\r\n":
+                last_rn = pos + nw + 1
+            nw += 1
+        if last_rn > 0:
+            pos = last_rn; add(pos); continue  # noqa: E702
+        if nw > 1 and pos + nw < n:
+            pos += nw - 1; add(pos); continue  # noqa: E702
+        if nw > 0:
+            pos += nw; add(pos); continue  # noqa: E702
+        pos += 1
+        add(pos)
+    return out
+
+
+def _ref_split_gpt2(text: str) -> list[str]:
+    """unicode.cpp unicode_regex_split_custom_gpt2, transcribed."""
+    n = len(text)
+    fl = [_flags(c) for c in text]
+    ws = lambda p: 0 <= p < n and fl[p][0]  # noqa: E731
+    let = lambda p: 0 <= p < n and fl[p][1]  # noqa: E731
+    num = lambda p: 0 <= p < n and fl[p][2]  # noqa: E731
+    out, prev, pos = [], 0, 0
+
+    def add(end):
+        nonlocal prev
+        if end > prev:
+            out.append(text[prev:end])
+        prev = end
+
+    while pos < n:
+        c = text[pos]
+        if c == "'" and pos + 1 < n:
+            c1 = text[pos + 1]
+            if c1 in "stmd":
+                add(pos + 2); pos += 2; continue  # noqa: E702
+            if pos + 2 < n and (c1, text[pos + 2]) in (("r", "e"), ("v", "e"), ("l", "l")):
+                add(pos + 3); pos += 3; continue  # noqa: E702
+        q = pos + 1 if c == " " else pos
+        if let(q):
+            pos += c == " "
+            while let(pos):
+                pos += 1
+            add(pos); continue  # noqa: E702
+        if num(q):
+            pos += c == " "
+            while num(pos):
+                pos += 1
+            add(pos); continue  # noqa: E702
+        if q < n and not (ws(q) or let(q) or num(q)):
+            pos += c == " "
+            while pos < n and not (ws(pos) or let(pos) or num(pos)):
+                pos += 1
+            add(pos); continue  # noqa: E702
+        nw = 0
+        while ws(pos + nw):
+            nw += 1
+        if nw > 1 and pos + nw < n:
+            pos += nw - 1; add(pos); continue  # noqa: E702
+        if nw > 0:
+            pos += nw; add(pos); continue  # noqa: E702
+        pos += 1
+        add(pos)
+    return out
+
+
+_ALPHABET = ([" "] * 8 + ["\t", "\n", "\r", "\x0b", "\x1c", "\u00a0", "\u2028", "\u3000"]
+             + list("abcdeSTstrevlmdXYZ") * 2 + list("0123456789") + ["'"] * 4
+             + list(",.!?-_/()[]{}<>~$+|@#") + ["é", "Ä", "ß", "ж", "λ", "中", "文", "ア", "ก"]
+             + ["\u0301", "\u0308", "\u093f", "\u200d", "\ufe0f", "\u0378", "½", "٣", "Ⅻ"]
+             + ["🦙", "🚀", "👨", "\U0001F9EA", "𝕳", "\U000E0041"])
+
+
+def _random_texts(n, seed=7, max_len=40):
+    import random
+    rng = random.Random(seed)
+    return ["".join(rng.choice(_ALPHABET) for _ in range(rng.randint(1, max_len)))
+            for _ in range(n)]
+
+
+def test_pretokenizer_matches_llama_cpp_custom_loops():
+    llama3, gpt2 = PreTokenizer("llama-bpe"), PreTokenizer("gpt-2")
+    for text in _random_texts(600):
+        assert llama3.words(text) == _ref_split_llama3(text), repr(text)
+        assert gpt2.words(text) == _ref_split_gpt2(text), repr(text)
+
+
+def _ref_spm(vocab, text: str) -> list[int]:
+    """llm_tokenizer_spm_session::tokenize, naively: best-scoring adjacent pair first."""
+    t2i, scores = vocab.token_to_id, vocab.scores
+    syms = list(text)
+    while True:
+        best = None
+        for i in range(len(syms) - 1):
+            j = t2i.get(syms[i] + syms[i + 1])
+            if j is not None and (best is None or scores[j] > best[0]):
+                best = (scores[j], i)
+        if best is None:
+            break
+        i = best[1]
+        syms[i:i + 2] = [syms[i] + syms[i + 1]]
+    out = []
+    for s in syms:
+        if s in t2i:
+            out.append(t2i[s])
+        else:
+            out.extend(vocab.byte_to_token(b) for b in s.encode())
+    return out
+
+
+def _ref_bpe(bpe, ranks, word: str) -> list[int]:
+    """llm_tokenizer_bpe_session::tokenize for one word, naively: lowest-rank pair first."""
+    from synapse_nb.tokenizer.vocab import BYTE_ENCODE_TABLE
+    t2i = bpe.vocab.token_to_id
+    enc = word.encode().decode("latin-1").translate(BYTE_ENCODE_TABLE)
+    if bpe.ignore_merges and enc in t2i:
+        return [t2i[enc]]
+    syms = list(enc)
+    while True:
+        best = None
+        for i in range(len(syms) - 1):
+            r = ranks.get((syms[i], syms[i + 1]))
+            if r is not None and (best is None or r < best[0]):
+                best = (r, i)
+        if best is None:
+            break
+        i = best[1]
+        syms[i:i + 2] = [syms[i] + syms[i + 1]]
+    return [t2i[s] for s in syms]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "mistral-spm-v3"])
+def test_spm_matches_naive_session(name):
+    t = tok(name)
+    texts = [s.replace(" ", "\u2581") for s in _random_texts(300, seed=11, max_len=30)]
+    got = t._spm.tokenize_fragments(texts)
+    for text, ids in zip(texts, got):
+        assert ids == _ref_spm(t.vocab, text), repr(text)
+
+
+@pytest.mark.parametrize("name", ["smollm", "llama-bpe", "mistral-tekken"])
+def test_bpe_matches_naive_session(name):
+    t = tok(name)
+    bpe = t._bpe
+    ranks = {}
+    for r, m in enumerate(open_gguf(DATA / "vocab" / f"ggml-vocab-{name}.gguf").kv[
+            "tokenizer.ggml.merges"]):
+        a, _, b = m.partition(" ")
+        ranks.setdefault((a, b), r)
+    words = sorted({w for text in _random_texts(300, seed=13) for w in bpe.pre.words(text)})
+    words += ["a" * 50, "🦙" * 9, "0" * 40, " " * 64]
+    for w in words:
+        got = []
+        bpe.tokenize_fragment(w, got) if len(bpe.pre.words(w)) == 1 else None
+        if got:
+            assert got == _ref_bpe(bpe, ranks, w), repr(w)
+
+
+def test_unicode_tables_are_llama_cpp_15_1():
+    from synapse_nb.tokenizer.pretokenize import collapse
+    # llama.cpp unicode-data.cpp: U+1C89 (new in Unicode 16) is unassigned, U+0CF3 (15.0) a
+    # mark, U+2EBF0 (15.1, CJK ext. I) a letter, U+0378 unassigned, NBSP whitespace
+    assert collapse("\u1c89\u0cf3\U0002EBF0\u0378\u00a0") == "\xd0\xd4\xd2\xd0\x0b"
