@@ -350,12 +350,14 @@ def test_vec_dot_close_to_float64_of_dequantized(fmt):
 def test_portable_dot_path_matches_ggml(monkeypatch):
     """The vector-IR fallback used on CPUs without AVX512-VNNI gives the same bits.
 
-    _dot32 picks vpdpbusd or portable vector IR when a kernel is compiled; recompile every
+    _dot32 (vpdpbusd) and _iq4_lookup32 (pshufb) pick their instruction or portable vector IR
+    when a kernel is compiled; recompile every
     vec_dot (uncached) with the portable choice and compare with ggml's results.
     """
     from numba import njit
 
     monkeypatch.setattr(kq, "_VNNI256", False)
+    monkeypatch.setattr(kq, "_SSSE3", False)
     rng = np.random.default_rng(9)
     for fmt in FORMATS:
         portable = njit(cache=False)(dot_fn(fmt).py_func)

@@ -242,6 +242,50 @@ def _lanes_fma(typingctx, acc, d, p):
     return sig, codegen
 
 
+_SSSE3 = bool(_HOST_FEATURES.get("ssse3"))
+
+
+@intrinsic
+def _iq4_lookup32(typingctx, qb, qo, w, wo):
+    """qb[qo+t] = kvalues_iq4nl[w[wo+t] & 15] + 128, qb[qo+16+t] = ...[w[wo+t] >> 4] + 128, t < 16.
+
+    A 16-entry byte table lookup: pshufb where available, else portable IR.
+    """
+    sig = types.void(qb, types.intp, w, types.intp)
+
+    def codegen(context, builder, signature, args):
+        qb_t, _, w_t, _ = signature.args
+        qb_v, qo_v, w_v, wo_v = args
+        i8 = ir.IntType(8)
+        i32 = ir.IntType(32)
+        v16b = ir.VectorType(i8, 16)
+        q_a = context.make_array(qb_t)(context, builder, qb_v)
+        w_a = context.make_array(w_t)(context, builder, w_v)
+        B = builder.load(builder.bitcast(builder.gep(w_a.data, [wo_v]), v16b.as_pointer()), align=1)
+        lo = builder.and_(B, ir.Constant(v16b, [15] * 16))
+        hi = builder.lshr(B, ir.Constant(v16b, [4] * 16))
+        table = ir.Constant(v16b, [int(v) + 128 for v in KVALUES_IQ4NL])
+
+        def lookup(idx):
+            if _SSSE3:
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16b, [v16b, v16b]),
+                                                    "llvm.x86.ssse3.pshuf.b.128")
+                return builder.call(fn, [table, idx])
+            out = ir.Constant(v16b, None)
+            for k in range(16):
+                out = builder.insert_element(out, builder.extract_element(table, builder.extract_element(idx, ir.Constant(i32, k))),
+                                             ir.Constant(i32, k))
+            return out
+
+        dst = builder.gep(q_a.data, [qo_v])
+        builder.store(lookup(lo), builder.bitcast(dst, v16b.as_pointer()), align=1)
+        builder.store(lookup(hi), builder.bitcast(builder.gep(dst, [ir.Constant(ir.IntType(64), 16)]), v16b.as_pointer()),
+                      align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @intrinsic(prefer_literal=True)
 def _stack_u8(typingctx, n):
     """Pointer to n uint8 on the caller's stack (n a literal)."""
@@ -730,8 +774,7 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     return _hsum8(acc)
 
 
-# kvalues_iq4nl + 128, so that the weights are unsigned bytes for the 4-value dots
-_KV_IQ4_U8 = (KVALUES_IQ4NL.astype(np.int32) + 128).astype(np.uint8)
+# the IQ4 weights are looked up as kvalues_iq4nl + 128 (unsigned bytes for the 4-value dots)
 _U8_128 = np.full(32, 128, np.uint8)
 
 
@@ -744,7 +787,6 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
     (kvalues + 128) * q8 minus 128 * q8, exact int32).
     """
     nb = w_row.size // IQ4_XS_BYTES
-    kv = _KV_IQ4_U8
     c128 = _U8_128
     p = carray(_stack_i32(8), 8)
     qb = carray(_stack_u8(256), 256)
@@ -757,10 +799,7 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
         d = _f16(w, 0) * _f32(y, 0)
         sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
         for ib in range(8):
-            for t in range(16):
-                b = w[8 + 16 * ib + t]
-                qb[32 * ib + t] = kv[b & np.uint8(15)]
-                qb[32 * ib + 16 + t] = kv[b >> np.uint8(4)]
+            _iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
         for k in range(8):
             p[k] = 0
         for ib in range(8):
