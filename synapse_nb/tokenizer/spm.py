@@ -97,9 +97,39 @@ class SPM:
         # output range of each fragment
         st = rstarts[np.searchsorted(starts, frag_starts)].tolist()
         if res.size and (int(res.min()) < 0 or int(res.max()) >= self.n_vocab):
-            return [self._byte_fallback(res[st[k]:st[k + 1]].tolist()) for k in range(len(texts))]
+            try:
+                res, st = self._expand_bytes(res, st)
+            except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
+                return [self._byte_fallback(res[st[k]:st[k + 1]].tolist())
+                        for k in range(len(texts))]
         ids = res.tolist()
         return [ids[st[k]:st[k + 1]] for k in range(len(texts))]
+
+    def _expand_bytes(self, res: np.ndarray, st: list[int]):
+        """Replace every final symbol that is not a token (a character in no token, or an
+        extra id) by the <0xXX> tokens of its UTF-8 bytes, vectorized."""
+        n = self.n_vocab
+        bad = (res < 0) | (res >= n)
+        sym = res[bad].astype(np.int64)
+        cps = np.where(sym < 0, -sym - 1, 0)
+        if (sym >= n).any():
+            extra_cp = np.array([ord(c) for c in self._extra_strs], np.int64)
+            cps = np.where(sym >= n, extra_cp[np.clip(sym - n, 0, None)], cps)
+        data = np.frombuffer("".join(map(chr, cps.tolist())).encode("utf-8", "surrogateescape"),
+                             np.uint8)
+        nb = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+        nb[(cps >= 0xDC80) & (cps <= 0xDCFF)] = 1  # an escaped invalid byte is one byte
+        counts = np.ones(res.shape[0], np.int64)
+        counts[bad] = nb
+        out = np.repeat(res, counts)
+        is_byte = np.repeat(bad, counts)
+        table = np.full(256, -1, np.int64)
+        for b in np.unique(data).tolist():
+            table[b] = self._byte_token(b)
+        out[is_byte] = table[data]
+        ends = np.zeros(res.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=ends[1:])
+        return out, ends[st].tolist()
 
     def _byte_fallback(self, piece: list[int]) -> list[int]:
         out = []
