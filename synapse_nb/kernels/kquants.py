@@ -6,7 +6,7 @@ Row kernels that reproduce ggml's CPU backend bit for bit:
   ``gguf.quants.dequantize``: every value is ``dl * q - ml`` in float32, unfused).
 - ``quantize_row_q8_K(out, x)``: ggml-quants.c ``quantize_row_q8_K_ref``, which is what
   ggml-cpu's x86 ``quantize_row_q8_K`` calls.
-- ``vec_dot_T_q8_K(w_row, a_row)``: ggml-cpu/arch/x86/quants.c ``ggml_vec_dot_T_q8_K``,
+- ``vec_dot_T_q8_K(w_row, a_row, scratch)``: ggml-cpu/arch/x86/quants.c ``ggml_vec_dot_T_q8_K``,
   AVX2 path (the AVX-512 build compiles the same code), as vendored in llama-cpp-python
   0.3.36 (llama.cpp 0c1e570), built by gcc -O3 -march=native -std=gnu11.
 
@@ -24,19 +24,23 @@ Q5_K keeps a scalar ``summs += dmin * sum(mins * q8sums)`` (fused: gcc contracts
 vfmadd231ss) added last.  Q6_K multiplies the unsigned 6-bit values and subtracts
 ``32 * (scale * bsums)`` per lane afterwards (lane k gets sub-blocks 2k and 2k+1).
 
-Weights and activations are the raw GGUF/ggml block bytes (uint8).  The kernels do not
-bounds-check: callers validate that a row holds whole blocks and that weights and
-activations have the same number of blocks.  Activations are a Q8_K row: per 256 values
-f32 d, 256 int8 qs, 16 int16 bsums (292 bytes).
+Speed: the integer lanes use vpdpbusd (AVX512-VNNI, 256-bit) when the host has it, else
+portable LLVM vector IR; the half->float conversion is LLVM fpext (vcvtph2ps, F16C).
+
+Weights and activations are the raw GGUF/ggml block bytes (uint8, C-contiguous rows).  The
+kernels do not bounds-check: callers validate that a row holds whole blocks and that
+weights and activations have the same number of blocks.  Activations are a Q8_K row: per
+256 values f32 d, 256 int8 qs, 16 int16 bsums (292 bytes).  An invalid row length is never
+seen here: the drivers in matmul.py check shapes against the ggml type first.
 """
 
-import math
 
 import numpy as np
 import llvmlite.binding as _llvm
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
+from numba.core import config as _nb_config
 from numba.extending import intrinsic
 
 QK_K = 256
@@ -157,14 +161,17 @@ def _hsum8(a):
 # Does LLVM target AVX512-VNNI with 256-bit vectors here?  Then _dot32 uses vpdpbusd (the
 # instruction computes exactly our 4-value lane sums); otherwise portable vector IR.  Numba's
 # on-disk cache is keyed on the host CPU and its features, so cached code never crosses CPUs.
-_HOST_FEATURES = _llvm.get_host_cpu_features()
+# When Numba is told to target another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), only the
+# portable IR is used.
+_HOST_FEATURES = {} if (_nb_config.CPU_NAME or _nb_config.CPU_FEATURES) else _llvm.get_host_cpu_features()
 _VNNI256 = bool(_HOST_FEATURES.get("avx512vnni") and _HOST_FEATURES.get("avx512vl"))
 
 
 def _splat(builder, vty, value):
     i32 = ir.IntType(32)
     one = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(i32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(i32, vty.count), [0] * vty.count))
+    zeros = ir.Constant(ir.VectorType(i32, vty.count), [0] * vty.count)
+    return builder.shuffle_vector(one, ir.Constant(vty, None), zeros)
 
 
 @intrinsic
@@ -273,14 +280,14 @@ def _iq4_lookup32(typingctx, qb, qo, w, wo):
                 return builder.call(fn, [table, idx])
             out = ir.Constant(v16b, None)
             for k in range(16):
-                out = builder.insert_element(out, builder.extract_element(table, builder.extract_element(idx, ir.Constant(i32, k))),
-                                             ir.Constant(i32, k))
+                entry = builder.extract_element(table, builder.extract_element(idx, ir.Constant(i32, k)))
+                out = builder.insert_element(out, entry, ir.Constant(i32, k))
             return out
 
         dst = builder.gep(q_a.data, [qo_v])
         builder.store(lookup(lo), builder.bitcast(dst, v16b.as_pointer()), align=1)
-        builder.store(lookup(hi), builder.bitcast(builder.gep(dst, [ir.Constant(ir.IntType(64), 16)]), v16b.as_pointer()),
-                      align=1)
+        dst_hi = builder.gep(dst, [ir.Constant(ir.IntType(64), 16)])
+        builder.store(lookup(hi), builder.bitcast(dst_hi, v16b.as_pointer()), align=1)
         return context.get_dummy_value()
 
     return sig, codegen
