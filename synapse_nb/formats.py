@@ -57,7 +57,8 @@ def f16_to_f32(h):
 
 def f32_to_f16_bits(x):
     """float32 -> F16 bits, round to nearest even (F16C vcvtps2ph / numpy astype)."""
-    return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
 
 
 def f32_to_bf16_bits(x):
@@ -87,6 +88,27 @@ def reduce_add_16(v):
     t = v[8:16] + v[0:8]
     u = t[4:8] + t[0:4]
     return np.float32((u[0] + u[2]) + (u[1] + u[3]))
+
+
+def cvt_round_i32(v):
+    """x86 round-to-nearest-even + cvtps_epi32: out of range / NaN -> INT32_MIN (int64 array)."""
+    v = np.asarray(v, np.float32)
+    with np.errstate(invalid="ignore"):
+        ok = np.abs(v) < np.float32(2147483648.0)
+        return np.where(ok, np.rint(np.where(ok, v, 0)), -2147483648).astype(np.int64)
+
+
+def _q8_blocks(x):
+    """ggml x86 quantize_row_q8_0/q8_1 core: (d unrounded, int32 q before packing) per 32 block."""
+    x = np.asarray(x, np.float32)
+    xb = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(xb).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        idv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), np.float32(0)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = cvt_round_i32((xb * idv[..., None]).astype(np.float32))
+    return xb, d, q
 
 
 def _lanes(p32):
@@ -235,17 +257,13 @@ class Q8_0(BlockFormat):
         return (q * d[..., None]).reshape(*b.shape[:-2], -1)
 
     def quantize(self, x):
-        """x86 quantize_row_q8_0 (AVX2): d = amax/127 as F16, q = rint(x * (127/amax))."""
+        """x86 quantize_row_q8_0 (AVX2): d = amax/127 as F16, q = rint(x * (127/amax)), int8 by
+        saturating packs."""
         x = np.asarray(x, np.float32)
-        xb = x.reshape(*x.shape[:-1], -1, 32)
-        amax = np.abs(xb).max(axis=-1)
-        d = amax / np.float32(127)
-        with np.errstate(divide="ignore"):
-            idv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        q = np.rint(xb * idv[..., None]).astype(np.int8)
+        xb, d, q = _q8_blocks(x)
         out = np.empty((*xb.shape[:-1], 34), np.uint8)
         out[..., 0:2] = f32_to_f16_bits(d)[..., None].view(np.uint8)
-        out[..., 2:] = q.view(np.uint8)
+        out[..., 2:] = np.clip(q, -128, 127).astype(np.int8).view(np.uint8)
         return out.reshape(*x.shape[:-1], -1)
 
     def products(self, wb, ab):
@@ -273,20 +291,17 @@ class Q8_1(BlockFormat):
         return (q * d[..., None]).reshape(*b.shape[:-2], -1)
 
     def quantize(self, x):
-        """x86 quantize_row_q8_1 (AVX2): as Q8_0, plus s = F16(d * sum(q)) with d before F16."""
+        """x86 quantize_row_q8_1 (AVX2): as Q8_0, plus s = F16(d * sum(q)) with d before F16
+        (sum of the int32 q in wrapping int32 arithmetic)."""
         x = np.asarray(x, np.float32)
-        xb = x.reshape(*x.shape[:-1], -1, 32)
-        amax = np.abs(xb).max(axis=-1)
-        d = amax / np.float32(127)
-        with np.errstate(divide="ignore"):
-            idv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        qf = np.rint(xb * idv[..., None])
-        q = qf.astype(np.int8)
-        s = d * q.astype(np.int32).sum(axis=-1).astype(np.float32)
+        xb, d, q = _q8_blocks(x)
+        isum = ((q.sum(axis=-1) + 2**31) % 2**32 - 2**31).astype(np.float32)
+        with np.errstate(over="ignore"):
+            s = (d * isum).astype(np.float32)
         out = np.empty((*xb.shape[:-1], 36), np.uint8)
         out[..., 0:2] = f32_to_f16_bits(d)[..., None].view(np.uint8)
         out[..., 2:4] = f32_to_f16_bits(s)[..., None].view(np.uint8)
-        out[..., 4:] = q.view(np.uint8)
+        out[..., 4:] = np.clip(q, -128, 127).astype(np.int8).view(np.uint8)
         return out.reshape(*x.shape[:-1], -1)
 
 

@@ -89,6 +89,7 @@ def quantize_activations(x, act_type):
     ggml-cpu's from_float (x86 quantize_row_q8_0 / quantize_row_q8_1 / quantize_row_q8_K,
     ggml_cpu_fp32_to_fp16 / _bf16). Raises SynapseError on bad input.
     """
+    _mm.ensure_fresh_cache()
     try:
         afmt = _F.format_of(act_type)
     except KeyError:
@@ -170,12 +171,22 @@ def get_rows(w, ids):
     return out
 
 
-def dequantize(w):
-    """The whole weight as float32 [M, K] (for tests and tools; the decoder never calls this).
+class _AsRow:
+    """A 1-D tensor seen as one row (for dequantize of norm vectors)."""
 
-    Bit-exact with gguf.quants.dequantize / ggml-quants.c dequantize_row_*.
+    def __init__(self, w):
+        self.name, self.ggml_type, self.data = _tname(w), w.ggml_type, w.data
+        self.shape = (1, int(w.shape[0]))
+
+
+def dequantize(w):
+    """The whole tensor as float32: [M, K] for a weight, [K] for a 1-D tensor (norms).
+
+    For tests and tools; the decoder never dequantizes weights up front. Bit-exact with
+    gguf.quants.dequantize / ggml-quants.c dequantize_row_*. Raises SynapseError on bad input.
     """
-    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(w)
+    one_d = len(tuple(w.shape)) == 1
+    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(_AsRow(w) if one_d else w)
     out = np.empty((m, k), np.float32)
     deq_drv(out, rows, np.arange(m, dtype=np.int64))
-    return out
+    return out[0] if one_d else out

@@ -23,6 +23,10 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT (settled 2026-11-29; the K-quant helper 
   legacy formats therefore do each block's integer work in one explicit-vector LLVM intrinsic
   (common.make_block_lanes_fma); check ``inspect_asm()`` of any new row function for zmm/ymm.
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
+* Caching hazard: Numba's on-disk cache of a driver is keyed on matmul.py alone; it does not
+  notice edits to the row functions it inlined (legacy.py, kquants.py, quant_act.py, common.py).
+  ``kernels_for`` therefore drops matmul.py's cache files, once per process, when one of those
+  sources is newer than them (see _drop_stale_driver_cache).
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
@@ -371,11 +375,46 @@ if KQ is not None:
     KERNELS.update(_KQUANTS)
 
 
+_CACHE_CHECKED = False
+
+
+def _drop_stale_driver_cache():
+    """Delete this module's Numba cache files if a module whose functions they inline is newer.
+
+    Numba keys a cached function on its own source file only, so without this an edited row
+    kernel would keep running in its old compiled form inside the drivers.
+    """
+    import glob
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    cached = glob.glob(os.path.join(here, "__pycache__", "matmul.*.nb[ic]"))
+    if not cached:
+        return
+    deps = [os.path.join(here, f) for f in ("legacy.py", "kquants.py", "quant_act.py", "common.py")]
+    newest_dep = max((os.path.getmtime(f) for f in deps if os.path.exists(f)), default=0.0)
+    if newest_dep > min(os.path.getmtime(f) for f in cached):
+        for f in cached:
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+
+
+def ensure_fresh_cache():
+    """Run _drop_stale_driver_cache once per process, before any driver is first called."""
+    global _CACHE_CHECKED
+    if not _CACHE_CHECKED:
+        _CACHE_CHECKED = True
+        _drop_stale_driver_cache()
+
+
 def kernels_for(type_name, what="tensor"):
     """(act_type_name, act_driver, matmul_driver, dequant_driver) for a ggml type name.
 
     Raises SynapseError when the type has no kernels.
     """
+    ensure_fresh_cache()
     try:
         return KERNELS[type_name]
     except KeyError:

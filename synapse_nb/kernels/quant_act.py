@@ -15,13 +15,28 @@ Q8_0_BYTES = 34  # f16 d, int8 qs[32]
 Q8_1_BYTES = 36  # f16 d, f16 s, int8 qs[32]  (gguf-py's GGML_QUANT_SIZES says 40: stale)
 
 
+@njit(cache=True, inline="always")
+def _cvt_i32(v):
+    """_mm256_round_ps(nearest) + _mm256_cvtps_epi32: half to even; out of range or NaN gives
+    the 'integer indefinite' INT32_MIN (only reachable when 127/amax overflows, amax < 4e-37)."""
+    if abs(v) < np.float32(2147483648.0):
+        return np.int32(np.rint(v))
+    return np.int32(-2147483648)
+
+
+@njit(cache=True, inline="always")
+def _sat8(q):
+    """_mm256_packs_epi32 then _mm256_packs_epi16: saturate int32 to int8."""
+    return np.int32(min(max(q, -128), 127))
+
+
 @njit(cache=True)
 def quantize_row_q8_0(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_0 blocks in out (uint8 [K/32*34]).
 
     Reproduces ggml-cpu/arch/x86/quants.c quantize_row_q8_0 (AVX2 path): per block
     amax = max|x|, d = amax / 127 stored as F16 (round to nearest even), id = 127 / amax
-    (0 when amax == 0), q = round_half_even(x * id) as int8.
+    (0 when amax == 0), q = round_half_even(x * id) as int8 (saturating packs).
     """
     nb = x.size // QK8_0
     for b in range(nb):
@@ -35,7 +50,7 @@ def quantize_row_q8_0(out, x):
         out[o + 1] = np.uint8(h >> np.uint16(8))
         idv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
         for j in range(QK8_0):
-            out[o + 2 + j] = np.uint8(np.int32(np.rint(x[b * QK8_0 + j] * idv)) & 0xFF)
+            out[o + 2 + j] = np.uint8(_sat8(_cvt_i32(x[b * QK8_0 + j] * idv)) & 0xFF)
 
 
 @njit(cache=True)
@@ -56,12 +71,12 @@ def quantize_row_q8_1(out, x):
         out[o] = np.uint8(h & np.uint16(0xFF))
         out[o + 1] = np.uint8(h >> np.uint16(8))
         idv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
-        isum = 0
+        isum = np.int64(0)
         for j in range(QK8_0):
-            q = np.int32(np.rint(x[b * QK8_0 + j] * idv))
+            q = _cvt_i32(x[b * QK8_0 + j] * idv)
             isum += q
-            out[o + 4 + j] = np.uint8(q & 0xFF)
-        s = d * np.float32(isum)
+            out[o + 4 + j] = np.uint8(_sat8(q) & 0xFF)
+        s = d * np.float32(np.int32(isum))  # int32 wraparound, as _mm256_add_epi32
         hs = f32_to_f16_bits(s, f32_bits(s))
         out[o + 2] = np.uint8(hs & np.uint16(0xFF))
         out[o + 3] = np.uint8(hs >> np.uint16(8))

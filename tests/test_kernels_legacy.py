@@ -1,0 +1,243 @@
+"""Numba kernels for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, and the drivers.
+
+Against ggml itself (tests/data/kernels/FMT.npz: activation bytes and vec_dot outputs), against
+gguf-py's dequantize (tiny model tensors and random blocks), and against the NumPy references
+of synapse_nb.formats on random inputs. Driver properties (matmul rows == matvec, thread-count
+independence, input validation) are checked on every supported format.
+"""
+
+import importlib
+
+import gguf
+import gguf.quants
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+
+from conftest import KERNELS, TINY
+from synapse_nb import SynapseError
+from synapse_nb import formats as F
+from synapse_nb.kernels import dequantize, get_rows, matmul, matvec, quantize_activations, supported_types
+
+MM = importlib.import_module("synapse_nb.kernels.matmul")
+
+LEGACY = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
+ALL = LEGACY + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+
+
+class T:
+    """Minimal TensorInfo stand-in: name, ggml_type, shape (numpy order), data (uint8 1-D)."""
+
+    def __init__(self, name, ggml_type, shape, data):
+        self.name, self.ggml_type, self.shape = name, ggml_type, tuple(shape)
+        self.data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def fixture(name):
+    return np.load(KERNELS / f"{name.lower()}.npz")
+
+
+def fixture_weight(name):
+    d = fixture(name)
+    return T(f"{name}.ffn_up", GT[name], (768, 256), d["weight_bytes"]), d
+
+
+def random_weight(name, m, k, rng):
+    """Random blocks with finite, modest scales (F16 d / m fields) so every value is finite."""
+    fmt = F.format_of(name)
+    if name == "F32":
+        return T("rand", GT.F32, (m, k), rng.standard_normal(m * k).astype(np.float32))
+    if name == "F16":
+        return T("rand", GT.F16, (m, k), rng.standard_normal(m * k).astype(np.float16))
+    if name == "BF16":
+        v = rng.standard_normal(m * k).astype(np.float32).view(np.uint32) >> 16
+        return T("rand", GT.BF16, (m, k), v.astype(np.uint16))
+    b = rng.integers(0, 256, (m * k // fmt.block_size, fmt.type_size), dtype=np.uint8)
+    b[:, 0:2] = rng.uniform(1e-4, 0.05, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if name in ("Q4_1", "Q5_1"):
+        b[:, 2:4] = rng.uniform(-0.5, 0.5, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return T("rand", GT[name], (m, k), b)
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(np.asarray(a, np.float32).view(np.uint32),
+                                                 np.asarray(b, np.float32).view(np.uint32))
+
+
+# --- activation converters -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_activation_bytes_match_ggml(name):
+    d = fixture(name)
+    got = quantize_activations(d["x"], str(d["act_type"]))
+    assert np.array_equal(got, d["act_bytes"])
+
+
+def _hard_rows(rng, k):
+    x = rng.standard_normal((12, k)).astype(np.float32)
+    x[1] *= 1e4
+    x[2] *= 1e-6
+    x[3] = 0.0                                                  # all-zero row
+    x[4, :32] = 0.0                                             # one all-zero block
+    x[5] = (rng.integers(-127, 127, k) + 0.5).astype(np.float32)  # ties
+    x[5, ::32] = 127.0
+    x[6] = -x[5]
+    x[7, 10] = 3e4                                              # spike
+    x[8] *= 1e-38                                               # subnormal territory
+    x[9] = rng.integers(-3, 4, k).astype(np.float32)            # small integers
+    x[10, :32] = np.float32(1.0) / np.float32(3.0)              # constant block
+    x[11] = np.float32(65519.0) * np.sign(x[11])                # F16 overflow boundary
+    return x
+
+
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "F16", "BF16", "F32"])
+def test_activation_kernels_match_numpy(act):
+    rng = np.random.default_rng(7)
+    x = _hard_rows(rng, 256)
+    got = quantize_activations(x, act)
+    ref = F.format_of(act).quantize(x)
+    assert np.array_equal(got, ref)
+    assert np.array_equal(quantize_activations(x[3], act), ref[3])  # 1-D form
+
+
+def test_f16_rounding_many_bit_patterns():
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x477FE000, 0x477FEFFF, 0x477FF000,
+                         0x387FC000, 0x33800000, 0x33000000, 0x33000001, 0x38800000, 0x387FFFFF], np.uint32)
+    x = np.concatenate([bits, specials]).view(np.float32)
+    x = x[~np.isnan(x)][: (len(x) // 32) * 32 - 32]
+    got = quantize_activations(np.ascontiguousarray(x), "F16").view(np.uint16)
+    assert np.array_equal(got, x.astype(np.float16).view(np.uint16))
+
+
+# --- dot products ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_matmul_matches_ggml_vec_dot(name):
+    """Every output of ggml's own vec_dot on the fixture, reproduced bit for bit."""
+    w, d = fixture_weight(name)
+    y = matmul(w, d["x"])
+    assert same_bits(y, d["y"])
+
+
+@pytest.mark.parametrize("name", LEGACY)
+@pytest.mark.parametrize("k", [96, 896])
+def test_dot_matches_numpy_reference(name, k):
+    """Random weights, odd block counts (96 = 3 blocks: IQ4_NL's tail) and K % 64 != 0 (F32/F16/
+    BF16 leftovers): the kernel performs the NumPy reference's rounded math exactly."""
+    rng = np.random.default_rng(k)
+    w = random_weight(name, 24, k, rng)
+    x = _hard_rows(rng, k)[[0, 1, 2, 3, 5, 7]]
+    y = matmul(w, x)
+    fmt = F.format_of(name)
+    a = quantize_activations(x, fmt.vec_dot_type)
+    rows = w.data.reshape(24, -1)
+    ref = np.array([[fmt.vec_dot(rows[m], a[n]) for m in range(24)] for n in range(len(x))], np.float32)
+    assert same_bits(y, ref)
+
+
+# --- dequantize / get_rows -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_dequantize_tiny_model_tensors(name):
+    r = gguf.GGUFReader(TINY / f"tiny-llama-{name.lower()}.gguf")
+    seen = 0
+    for t in r.tensors:
+        ti = T(t.name, GT(t.tensor_type), tuple(int(s) for s in reversed(t.shape)), np.asarray(t.data))
+        ref = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(ti.shape)
+        assert same_bits(dequantize(ti), ref), t.name
+        seen += t.tensor_type == GT[name]
+    assert seen >= 7  # every weight matrix is in the file's format (--pure)
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_dequantize_random_blocks(name):
+    rng = np.random.default_rng(11)
+    w = random_weight(name, 16, 320, rng)
+    ref = gguf.quants.dequantize(w.data.reshape(16, -1), GT[name]).astype(np.float32)
+    assert same_bits(dequantize(w), ref)
+    assert same_bits(F.format_of(name).dequantize(w.data.reshape(16, -1)), ref)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_get_rows(name):
+    w, _ = fixture_weight(name)
+    ids = [5, 0, 767, 5]
+    assert same_bits(get_rows(w, ids), dequantize(w)[ids])
+    assert get_rows(w, np.array([], np.int64)).shape == (0, 256)
+    with pytest.raises(SynapseError, match="row id 768"):
+        get_rows(w, [1, 768])
+    with pytest.raises(SynapseError):
+        get_rows(w, [-1])
+
+
+# --- driver properties -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_matmul_rows_equal_matvec(name):
+    rng = np.random.default_rng(5)
+    w, _ = fixture_weight(name)
+    x = (rng.standard_normal((64, 256)) * rng.uniform(0.01, 10, (64, 1))).astype(np.float32)
+    vec = np.stack([matvec(w, x[n]) for n in range(64)])
+    for n in (1, 7, 64):
+        assert same_bits(matmul(w, np.ascontiguousarray(x[:n])), vec[:n])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_thread_count_independence(name):
+    rng = np.random.default_rng(9)
+    w, _ = fixture_weight(name)
+    x = rng.standard_normal((7, 256)).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        y1 = matmul(w, x)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        y2 = matmul(w, x)
+    finally:
+        numba.set_num_threads(before)
+    assert same_bits(y1, y2)
+
+
+def test_supported_types():
+    assert set(supported_types()) == set(ALL)
+
+
+def test_out_argument():
+    w, d = fixture_weight("Q4_0")
+    out = np.full((8, 768), np.nan, np.float32)
+    assert matmul(w, d["x"], out=out) is out
+    assert same_bits(out, d["y"])
+    with pytest.raises(SynapseError, match="out must be"):
+        matmul(w, d["x"], out=np.empty((8, 767), np.float32))
+
+
+@pytest.mark.parametrize("bad", ["dtype", "noncontig", "k", "ndim"])
+def test_activation_validation(bad):
+    w, d = fixture_weight("Q8_0")
+    x = {"dtype": d["x"].astype(np.float64), "noncontig": np.asfortranarray(d["x"]),
+         "k": np.ascontiguousarray(d["x"][:, :224]), "ndim": d["x"][None]}[bad]
+    with pytest.raises(SynapseError, match="Q8_0.ffn_up"):
+        matmul(w, x)
+
+
+def test_weight_validation():
+    w, d = fixture_weight("Q4_0")
+    with pytest.raises(SynapseError, match="bytes of data"):
+        matmul(T("short", GT.Q4_0, (768, 256), w.data[:-1]), d["x"])
+    with pytest.raises(SynapseError, match="block size"):
+        matmul(T("odd", GT.Q4_0, (768 * 8, 32 + 4), w.data), np.zeros((1, 36), np.float32))
+    with pytest.raises(SynapseError, match="not supported"):
+        matmul(T("iq2", GT.IQ2_XXS, (8, 256), np.zeros(8 * 66, np.uint8)), np.zeros((1, 256), np.float32))
+    with pytest.raises(SynapseError, match="2-D"):
+        matmul(T("vec", GT.F32, (256,), np.zeros(256, np.float32)), np.zeros((1, 256), np.float32))
+    with pytest.raises(SynapseError):
+        matvec(w, d["x"])  # 2-D where 1-D is required
+    with pytest.raises(SynapseError):
+        quantize_activations(d["x"][:, :40].copy(), "Q8_0")
