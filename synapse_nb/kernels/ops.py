@@ -127,7 +127,9 @@ def rms_norm_rows(out, x, w, eps):
 
 @njit(cache=True)
 def rope_theta_scale(freq_base, n_dims):
-    """powf(freq_base, -2.0f / n_dims) with libm powf, as ggml_compute_forward_rope_flt."""
+    """powf(freq_base, -2.0f / n_dims) with libm powf, as ggml_compute_forward_rope_flt.
+
+    Returns the float32 value (as a Python float when called from Python)."""
     return _F32(freq_base) ** (_F32(-2.0) / _F32(n_dims))
 
 
@@ -163,6 +165,13 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
     magnitude attn_factor * (1 + 0.1 * logf(1 / freq_scale)) (an fma as well); cos/sin are libm
     cosf/sinf times that magnitude.
     """
+    # every scalar in float32, whatever the caller passed (a float64 would widen theta)
+    theta_scale = _F32(theta_scale)
+    freq_scale = _F32(freq_scale)
+    ext_factor = _F32(ext_factor)
+    attn_factor = _F32(attn_factor)
+    corr_lo = _F32(corr_lo)
+    corr_hi = _F32(corr_hi)
     n = pos.shape[0]
     for t in range(n):
         theta = _F32(pos[t])
