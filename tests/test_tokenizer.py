@@ -130,8 +130,12 @@ def test_roundtrip_and_stream(name):
             assert out == text
         dec = t.stream_decoder()
         parts = [dec.push(i) for i in ids] + [dec.flush()]
-        assert "".join(parts) == out
-        assert all("\ufffd" not in p for p in parts)
+        assert b"".join(parts).decode("utf-8") == out
+        # every part is whole characters: none is broken or replaced
+        assert all("\ufffd" not in p.decode("utf-8") for p in parts)
+        dec = t.stream_decoder()  # pieces looked up by the caller (the CLI's way)
+        assert b"".join([dec.push(t.token_to_piece(i, False)) for i in ids] + [dec.flush()]) \
+            == t.detokenize(ids, special=False).encode()
 
 
 def test_stream_holds_back_partial_utf8():
@@ -141,10 +145,13 @@ def test_stream_holds_back_partial_utf8():
     byte_ids = [s.vocab.token_to_id[f"<0x{b:02X}>"] for b in "\U0001F9EA".encode()]
     assert ids[-4:] == byte_ids
     dec = s.stream_decoder()
-    assert [dec.push(i) for i in byte_ids] == ["", "", "", "\U0001F9EA"]
+    assert [dec.push(i) for i in byte_ids] == [b"", b"", b"", "\U0001F9EA".encode()]
     dec.push(byte_ids[0])
     assert dec.pending == b"\xf0"
-    assert dec.flush() == "\ufffd"
+    assert dec.flush() == "\ufffd".encode()
+    # an invalid byte is replaced where it stands, a valid one after it is kept
+    dec = s.stream_decoder()
+    assert dec.push(b"\xff") + dec.push(b"a") + dec.flush() == "\ufffda".encode()
 
 
 def test_parse_special_and_user_defined():

@@ -4,7 +4,8 @@ load_tokenizer(path_or_GGUFFile) -> Tokenizer with
   tokenize(text, add_special, parse_special) -> list[int]
   token_to_piece(id, special) -> bytes
   detokenize(ids, special=True) -> str
-  stream_decoder(special=True) -> StreamDecoder (push(id) -> str, flush() -> str)
+  stream_decoder(special=True) -> StreamDecoder (push(id or piece) -> bytes of whole
+    UTF-8 characters, flush() -> bytes)
   bos_id, eos_id, eog_ids, n_vocab
 
 Modules: vocab (GGUF keys -> tokens, attributes, special ids), pretokenize (BPE word

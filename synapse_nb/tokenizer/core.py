@@ -204,5 +204,6 @@ class Tokenizer:
         return b"".join(tp(i, special) for i in ids).decode("utf-8", "replace")
 
     def stream_decoder(self, special: bool = True) -> StreamDecoder:
-        """A StreamDecoder: push(id) -> complete text so far, holding back partial UTF-8."""
+        """A StreamDecoder: push(id or piece bytes) -> the UTF-8 bytes of the characters
+        completed so far, holding back a partial character; flush() at the end."""
         return StreamDecoder(self, special)

@@ -8,7 +8,9 @@ end-of-generation set (`special_eog_ids`), the special-token list used to split 
 (`cache_special_tokens`) and `token_to_piece`.
 
 Where llama.cpp iterates an unordered_map (EOT/FIM auto-detection when several
-candidate texts are present) we go in id order; the EOG set does not depend on it.
+candidate texts are present, e.g. <|eot_id|> and <|end_of_text|>) its pick depends on
+hash order; we take the first text of llama.cpp's list. The EOG set does not depend
+on it (every candidate is end-of-generation).
 """
 
 from __future__ import annotations
@@ -245,7 +247,7 @@ class Vocab:
         for name, texts in groups:
             if ids[name] is not None:
                 continue
-            found = sorted(t2i[t] for t in texts if t in t2i)
+            found = [t2i[t] for t in texts if t in t2i]  # first listed text wins
             if found:
                 ids[name] = found[0]
                 self._mark_control(found[0])
