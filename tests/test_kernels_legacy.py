@@ -241,3 +241,23 @@ def test_weight_validation():
         matvec(w, d["x"])  # 2-D where 1-D is required
     with pytest.raises(SynapseError):
         quantize_activations(d["x"][:, :40].copy(), "Q8_0")
+
+
+def test_f16_to_f32_exhaustive():
+    """Every F16 bit pattern converts exactly (ggml_table_f32_f16)."""
+    from numba import njit
+
+    from synapse_nb.kernels.common import f16_to_f32
+
+    @njit
+    def conv(h, out):
+        for i in range(h.size):
+            out[i] = f16_to_f32(h[i])
+
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(65536, np.float32)
+    conv(h, out)
+    ref = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    assert same_bits(out[~nan], ref[~nan])
+    assert np.isnan(out[nan]).all()

@@ -12,10 +12,14 @@ Sources reproduced:
 """
 
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
+from numba.core import config
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
 # ggml_table_f32_f16: every F16 bit pattern as F32 (exact; 256 KiB, frozen into kernels as a constant).
 F16_TO_F32_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -46,10 +50,41 @@ def f32_bits(typingctx, f):
     return sig, codegen
 
 
+# F16C turns ``fpext half`` into vcvtph2ps; without it LLVM would call a compiler-rt helper that
+# Numba's JIT does not provide, so then the conversion is spelled out in integer IR. Numba's
+# cache is keyed on the host CPU, so baking the choice in is safe; when Numba is told to target
+# another CPU, the integer form is used.
+_HOST = {} if (config.CPU_NAME or config.CPU_FEATURES) else llvm_binding.get_host_cpu_features()
+_F16C = bool(_HOST.get("f16c"))
+
+
+def _ir_f16_to_f32(builder, h16):
+    """Exact F16 -> F32 of an i16 (scalar or vector) without F16C."""
+    ty = h16.type
+    n = ty.count if isinstance(ty, ir.VectorType) else None
+
+    def c(v, bits=32):
+        t = ir.IntType(bits)
+        return ir.Constant(ir.VectorType(t, n), [v] * n) if n else ir.Constant(t, v)
+
+    i32t = ir.VectorType(_I32, n) if n else _I32
+    f32t = ir.VectorType(_F32, n) if n else _F32
+    h = builder.zext(h16, i32t)
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    em = builder.and_(h, c(0x7FFF))
+    normal = builder.add(builder.shl(em, c(13)), c(0x38000000))
+    special = builder.or_(builder.shl(em, c(13)), c(0x7F800000))
+    sub = builder.bitcast(builder.fmul(builder.uitofp(em, f32t),
+                                       ir.Constant(f32t, [2.0 ** -24] * n) if n else ir.Constant(_F32, 2.0 ** -24)), i32t)
+    bits = builder.select(builder.icmp_unsigned("<", em, c(0x400)), sub,
+                          builder.select(builder.icmp_unsigned(">=", em, c(0x7C00)), special, normal))
+    return builder.bitcast(builder.or_(bits, sign), f32t)
+
+
 @intrinsic
 def f16_to_f32(typingctx, h):
-    """F16 bits (an integer whose low 16 bits hold them) -> float32, exact (= ggml_table_f32_f16[h]; LLVM fpext half -> float,
-    which vectorizes to vcvtph2ps)."""
+    """F16 bits (an integer whose low 16 bits hold them) -> float32, exact (= ggml_table_f32_f16[h];
+    LLVM fpext half -> float, which vectorizes to vcvtph2ps)."""
     if not isinstance(h, types.Integer):
         return None
     sig = types.float32(h)
@@ -58,7 +93,11 @@ def f16_to_f32(typingctx, h):
         v = args[0]
         if h.bitwidth > 16:  # numba widens uint16 arithmetic; the F16 bits are the low 16
             v = builder.trunc(v, ir.IntType(16))
-        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+        elif h.bitwidth < 16:
+            v = builder.zext(v, ir.IntType(16))
+        if _F16C:
+            return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+        return _ir_f16_to_f32(builder, v)
 
     return sig, codegen
 
@@ -187,9 +226,6 @@ def stack_f32(typingctx, n):
 # acc_ptr points to 8 float32 (stack_f32(8)); w_off is the block's byte offset in w_row, a_off
 # the offset of the block's 32 int8 activations in a_row. The integer part is exact.
 # ---------------------------------------------------------------------------------------------
-
-_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-
 
 def _vload(builder, ptr_i8, n, elt=_I8):
     vty = ir.VectorType(elt, n)

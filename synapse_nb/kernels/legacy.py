@@ -24,7 +24,9 @@ exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by la
     _mm512_reduce_add_ps into a double sum; leftovers in double.
 """
 
+import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import carray, njit
 from numba.core import cgutils
@@ -198,17 +200,33 @@ def _decode_q8_0(b, p):
     return ir_int8x32(b, _gep(b, p, 2))
 
 
+# pshufb needs SSSE3; Numba's cache is keyed on the host CPU, so the choice is safe to bake in.
+# When Numba is told to target another CPU, use the portable compare/select lookup instead.
+_HOST = {} if (numba.config.CPU_NAME or numba.config.CPU_FEATURES) else llvm_binding.get_host_cpu_features()
+_PSHUFB = bool(_HOST.get("ssse3"))
+
+
+def _lookup16(b, idx):
+    """kvalues_iq4nl[idx] for a <16 x i8> vector of indices 0..15."""
+    i8x16 = ir.VectorType(ir.IntType(8), 16)
+    if _PSHUFB:  # what ggml's AVX2 code does
+        table = ir.Constant(i8x16, [int(k) & 0xFF for k in KVALUES_IQ4NL])
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
+                                            "llvm.x86.ssse3.pshuf.b.128")
+        return b.call(fn, [table, idx])
+    res = ir.Constant(i8x16, [int(KVALUES_IQ4NL[0]) & 0xFF] * 16)
+    for v in range(1, 16):
+        hit = b.icmp_unsigned("==", idx, ir.Constant(i8x16, [v] * 16))
+        res = b.select(hit, ir.Constant(i8x16, [int(KVALUES_IQ4NL[v]) & 0xFF] * 16), res)
+    return res
+
+
 def _decode_iq4_nl(b, p):
-    # kvalues_iq4nl[nibble] via pshufb on a 16-byte table (what ggml's AVX2 code does too)
     i8x16 = ir.VectorType(ir.IntType(8), 16)
     v = b.load(b.bitcast(_gep(b, p, 2), i8x16.as_pointer()), align=1)
-    lo = b.and_(v, ir.Constant(i8x16, [15] * 16))
-    hi = b.lshr(v, ir.Constant(i8x16, [4] * 16))
-    table = ir.Constant(i8x16, [int(k) & 0xFF for k in KVALUES_IQ4NL])
-    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
-                                        "llvm.x86.ssse3.pshuf.b.128")
-    both = b.shuffle_vector(b.call(fn, [table, lo]), b.call(fn, [table, hi]),
-                            ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+    lo = _lookup16(b, b.and_(v, ir.Constant(i8x16, [15] * 16)))
+    hi = _lookup16(b, b.lshr(v, ir.Constant(i8x16, [4] * 16)))
+    both = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
     return b.sext(both, ir.VectorType(ir.IntType(32), 32))
 
 
