@@ -21,10 +21,13 @@ symbols only ever grow by absorbing their right neighbour, so comparing ids is t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from numba import njit
 
 _EMPTY = -1
+_ESCAPED = re.compile("[\udc80-\udcff]")  # invalid bytes kept by the GGUF reader
 
 
 @njit(cache=True, inline="always")
@@ -285,6 +288,10 @@ def utf8_buffer(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(np.fromiter(map(len, strs), np.int64, len(strs)), out=coff[1:])
     if joined.isascii():
         return buf, coff
+    if not _ESCAPED.search(joined):
+        # valid UTF-8: characters start at the bytes that are not continuation bytes
+        char_starts = np.flatnonzero((buf & 0xC0) != 0x80)
+        return buf, np.append(char_starts, buf.shape[0])[coff]
     cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
     blen = (1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
             - 2 * ((cps >= 0xDC80) & (cps <= 0xDCFF)))
