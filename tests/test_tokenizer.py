@@ -449,3 +449,22 @@ def test_unicode_tables_are_llama_cpp_15_1():
     # llama.cpp unicode-data.cpp: U+1C89 (new in Unicode 16) is unassigned, U+0CF3 (15.0) a
     # mark, U+2EBF0 (15.1, CJK ext. I) a letter, U+0378 unassigned, NBSP whitespace
     assert collapse("\u1c89\u0cf3\U0002EBF0\u0378\u00a0") == "\xd0\xd4\xd2\xd0\x0b"
+
+
+def test_end_to_end_matches_literal_ports():
+    """Whole tokenize() (special-token split, word cache, batched kernel) against the
+    transcribed llama.cpp loops, on longer random texts."""
+    t = tok("llama-bpe")
+    ranks = {}
+    for r, m in enumerate(open_gguf(DATA / "vocab" / "ggml-vocab-llama-bpe.gguf").kv[
+            "tokenizer.ggml.merges"]):
+        a, _, b = m.partition(" ")
+        ranks.setdefault((a, b), r)
+    texts = _random_texts(60, seed=21, max_len=300)
+    for text in texts:
+        want = [i for w in _ref_split_llama3(text) for i in _ref_bpe(t._bpe, ranks, w)]
+        assert t.tokenize(text, add_special=False, parse_special=False) == want, repr(text)
+    s = tok("llama-spm")
+    for text in texts[:30]:
+        want = [1] + _ref_spm(s.vocab, (" " + text).replace(" ", "\u2581"))
+        assert s.tokenize(text, add_special=True, parse_special=False) == want, repr(text)
