@@ -82,9 +82,6 @@ UNICODE_TO_BYTE: dict[str, int] = {u: b for b, u in enumerate(BYTE_TO_UNICODE)}
 # str.translate table turning latin-1-decoded bytes into their GPT-2 characters
 BYTE_ENCODE_TABLE: dict[int, str] = {b: u for b, u in enumerate(BYTE_TO_UNICODE)}
 
-_C_SPACE = " \t\n\x0b\x0c\r"  # C isspace() in the "C" locale
-
-
 def text_bytes(s: str) -> bytes:
     """The exact bytes of a token text (GGUF strings keep invalid bytes as surrogate escapes)."""
     return s.encode("utf-8", "surrogateescape")
