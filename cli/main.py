@@ -14,6 +14,8 @@ import time
 
 import click
 
+from synapse_nb import __version__
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
@@ -250,7 +252,7 @@ def _save_npy(dest: str, array, inputs) -> None:
 @click.option("--prefill-check", is_flag=True,
               help="Check that batched prefill equals token-by-token decoding bit for bit; exit 1 if not.")
 @click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors.")
-@click.version_option(version=None, package_name="synapse_nb", prog_name="llama-decode", message="%(prog)s %(version)s")
+@click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                  no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose):
     """Greedy continuation of PROMPT by the GGUF model MODEL, streamed to stdout.
