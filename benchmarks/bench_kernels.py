@@ -1,0 +1,168 @@
+"""Kernel throughput: matvec GB/s of weight bytes and matmul(N=64) GFLOP/s, per weight format,
+on the matrix shapes of the real models, next to this machine's memory read bandwidth.
+
+    python benchmarks/bench_kernels.py                 # all formats, default shapes
+    python benchmarks/bench_kernels.py --formats Q4_0,Q4_K --threads 1
+    python benchmarks/bench_kernels.py --asm           # also: vector registers in each row kernel
+
+Shapes are M x K (n_out x n_in): SmolLM2-135M 576x1536, 1536x576, output 49152x576;
+Qwen2.5-0.5B 896x4864, 4864x896, output 151936x896. Weights are random blocks with valid scales
+(throughput does not depend on the values). Numbers are printed, never asserted; the machine is
+shared, so the load average is printed too and best-of-N timings are reported.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+SHAPES = [(576, 1536), (1536, 576), (896, 4864), (4864, 896), (49152, 576), (151936, 896)]
+FORMATS = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
+           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--formats", default=",".join(FORMATS))
+    p.add_argument("--threads", type=int, default=0, help="Numba threads (0: Numba's default)")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions (best is reported)")
+    p.add_argument("--max-mb", type=float, default=160.0, help="skip matrices larger than this (MB)")
+    p.add_argument("--matmul-shapes", default="layers", choices=["layers", "all", "none"],
+                   help="shapes for matmul(N=64): the four layer shapes, all, or none")
+    p.add_argument("--asm", action="store_true", help="count vector instructions in each row kernel")
+    return p.parse_args()
+
+
+def main():
+    args = parse()
+    if args.asm:  # inspect_asm() only works on freshly compiled code: compile into a scratch cache
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_kernels_numba_")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+    import numba
+    import numpy as np
+    from numba import njit, prange
+
+    from synapse_nb import formats as F
+    from synapse_nb.kernels import matmul, matvec, supported_types
+
+    if args.threads:
+        numba.set_num_threads(args.threads)
+    nthreads = numba.get_num_threads()
+
+    @njit(cache=False)
+    def sum_row(row):  # plain function called per row, like the matmul drivers' row kernels
+        s = np.uint64(0)
+        for i in range(row.size):
+            s += row[i]
+        return s
+
+    @njit(parallel=True, cache=False)
+    def read_sum(a, out):
+        for r in prange(a.shape[0]):
+            out[r] = sum_row(a[r])
+
+    def best_time(fn, reps):
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    print(f"numba {numba.__version__}, threads {nthreads}, load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs", flush=True)
+
+    # memory read bandwidth, measured here the same way (a streaming parallel sum over 512 MiB)
+    buf = np.ones((4096, 16384), np.uint64)  # 512 MiB, rows of 128 KiB
+    sums = np.zeros(4096, np.uint64)
+    for nt, label in ((1, "1 thread"), (nthreads, f"{nthreads} threads")):
+        numba.set_num_threads(nt)
+        t = best_time(lambda: read_sum(buf, sums), max(3, args.reps // 2))
+        print(f"memory read bandwidth ({label}): {buf.nbytes / t / 1e9:.1f} GB/s", flush=True)
+    numba.set_num_threads(nthreads)
+    print(f"threading layer: {numba.threading_layer()}")
+    del buf
+
+    rng = np.random.default_rng(0)
+    avail = set(supported_types())
+
+    class W:  # TensorInfo stand-in
+        def __init__(self, name, m, k):
+            fmt = F.format_of(name)
+            self.name, self.ggml_type, self.shape = f"bench.{name}", fmt.ggml_type, (m, k)
+            nb = m * k // fmt.block_size
+            if name == "F32":
+                self.data = rng.standard_normal(m * k, np.float32).view(np.uint8)
+                return
+            b = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
+            if name in ("F16", "BF16"):
+                b[:, 1] &= 0x3F  # finite, modest values
+            elif fmt.block_size == 32:
+                b[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            else:  # K-quants / IQ4_XS: put finite F16 super-block scales where they live
+                for off in {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                            "Q6_K": (208,), "IQ4_XS": (0,)}.get(name, ()):
+                    b[:, off:off + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            self.data = b.reshape(-1)
+
+    print(f"\n{'format':7} {'shape':>12} {'MB':>7} {'matvec ms':>10} {'GB/s':>7} {'matmul64 ms':>12} {'GFLOP/s':>8}")
+    for name in [f.strip().upper() for f in args.formats.split(",") if f.strip()]:
+        if name not in avail:
+            print(f"{name:7} (no kernels in this build)")
+            continue
+        for si, (m, k) in enumerate(SHAPES):
+            fmt = F.format_of(name)
+            mb = fmt.row_bytes(k) * m / 1e6
+            if mb > args.max_mb:
+                print(f"{name:7} {m:>6}x{k:<5} {mb:7.1f}   (skipped: > --max-mb)")
+                continue
+            w = W(name, m, k)
+            x = rng.standard_normal(k).astype(np.float32)
+            t = best_time(lambda: matvec(w, x), args.reps)
+            line = f"{name:7} {m:>6}x{k:<5} {mb:7.1f} {t * 1e3:10.3f} {mb / 1e3 / t:7.2f}"
+            if args.matmul_shapes == "all" or (args.matmul_shapes == "layers" and si < 4):
+                X = rng.standard_normal((64, k)).astype(np.float32)
+                tm = best_time(lambda: matmul(w, X), max(2, args.reps // 3))
+                line += f" {tm * 1e3:12.2f} {2.0 * m * k * 64 / tm / 1e9:8.1f}"
+            print(line, flush=True)
+            del w
+
+    if args.asm:
+        print("\nvector code in the row kernels (fresh compile, counts of lines in inspect_asm()):")
+        from numba import types
+
+        from synapse_nb.kernels import legacy as L
+
+        try:
+            from synapse_nb.kernels import kquants as KQ
+        except ImportError:
+            KQ = None
+        u8 = types.Array(types.uint8, 1, "C")
+        sig = (u8, u8, types.Array(types.int32, 1, "C"))
+        names = {"F32": "vec_dot_f32", "F16": "vec_dot_f16", "BF16": "vec_dot_bf16",
+                 "Q4_0": "vec_dot_q4_0_q8_0", "Q4_1": "vec_dot_q4_1_q8_1", "Q5_0": "vec_dot_q5_0_q8_0",
+                 "Q5_1": "vec_dot_q5_1_q8_1", "Q8_0": "vec_dot_q8_0_q8_0", "IQ4_NL": "vec_dot_iq4_nl_q8_0",
+                 "Q2_K": "vec_dot_q2_K_q8_K", "Q3_K": "vec_dot_q3_K_q8_K", "Q4_K": "vec_dot_q4_K_q8_K",
+                 "Q5_K": "vec_dot_q5_K_q8_K", "Q6_K": "vec_dot_q6_K_q8_K", "IQ4_XS": "vec_dot_iq4_xs_q8_K"}
+        for name, fn_name in names.items():
+            mod = L if hasattr(L, fn_name) else KQ
+            if mod is None or not hasattr(mod, fn_name):
+                continue
+            fn = getattr(mod, fn_name)
+            fn.compile(sig)
+            asm = fn.inspect_asm(sig)
+            lines = asm.splitlines()
+
+            def count(tok):
+                return sum(tok in ln for ln in lines)
+
+            print(f"  {name:7} zmm {count('%zmm'):4}  ymm {count('%ymm'):4}  vpmaddwd {count('vpmaddwd'):3}  "
+                  f"vpdpbusd {count('vpdpbusd'):3}  vpmulld {count('vpmulld'):3}  vfmadd {count('vfmadd'):3}  "
+                  f"({len(lines)} lines)")
+
+
+if __name__ == "__main__":
+    main()
