@@ -62,25 +62,103 @@ def _dot_f16(xb, y, n, acc, lanes):
     return _F32(s)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, inline="always")
+def _store_row(k_cache, v_cache, k, v, pos0, t):
+    p = pos0 + t
+    for i in range(k.shape[1]):
+        x = k[t, i]
+        k_cache[p, i] = f32_to_f16_bits(x, f32_bits(x))
+    for i in range(v.shape[1]):
+        x = v[t, i]
+        v_cache[i, p] = f32_to_f16_bits(x, f32_bits(x))
+
+
+@njit(cache=True)
+def _store_kv(k_cache, v_cache, k, v, pos0):
+    for t in range(k.shape[0]):
+        _store_row(k_cache, v_cache, k, v, pos0, t)
+
+
 def store_kv(k_cache, v_cache, k, v, pos0):
     """Append rows to one layer's cache as F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
 
     k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed);
     k: float32 [N, n_embd_k]; v: float32 [N, n_embd_v]; row t goes to position pos0 + t.
+    The caller guarantees pos0 + N <= n_ctx.
     """
-    n = k.shape[0]
-    for t in prange(n):
-        p = pos0 + t
-        for i in range(k.shape[1]):
-            x = k[t, i]
-            k_cache[p, i] = f32_to_f16_bits(x, f32_bits(x))
-        for i in range(v.shape[1]):
-            x = v[t, i]
-            v_cache[i, p] = f32_to_f16_bits(x, f32_bits(x))
+    _store_kv(k_cache, v_cache, k, v, pos0)
+
+
+@njit(cache=True, inline="always")
+def _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th):
+    """Attention of one (row, head) pair th = t * n_head + h; see attention_rows."""
+    gqa = n_head // n_head_kv
+    t = th // n_head
+    h = th % n_head
+    kvh = h // gqa
+    p = pos0 + t
+    n_kv = p + 1
+    n_kv16 = (n_kv + 15) // 16 * 16
+    acc = np.empty(64, np.float32)
+    lanes = np.empty(16, np.float32)
+    qh = np.empty(head_dim_k, np.float32)
+    w = np.empty(n_kv16, np.float32)
+    # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
+    for i in range(head_dim_k):
+        qh[i] = _f16_round(q[t, h * head_dim_k + i])
+    # scores kq[j] = K[j] . q, scaled (soft_max_ext: ggml_vec_scale_f32, then + mask 0)
+    k0 = kvh * head_dim_k
+    mx = _F32(-np.inf)
+    for j in range(n_kv):
+        s = _dot_f16(k_cache[j, k0:k0 + head_dim_k], qh, head_dim_k, acc, lanes) * kq_scale
+        w[j] = s
+        mx = max(mx, s)
+    # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
+    total = 0.0
+    for c in range(0, n_kv16, 16):
+        for l in range(16):
+            j = c + l
+            lanes[l] = v_expf(w[j] - mx) if j < n_kv else _F32(0.0)
+            if j < n_kv:
+                w[j] = lanes[l]
+        total += np.float64(reduce_add_16(lanes))
+    inv = _F32(1.0 / total)
+    # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
+    for j in range(n_kv):
+        w[j] = _f16_round(w[j] * inv)
+    # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
+    v0 = kvh * head_dim_v
+    o0 = h * head_dim_v
+    n64 = n_kv - n_kv % 64
+    for d in range(head_dim_v):
+        row = v_cache[v0 + d]
+        for l in range(64):
+            acc[l] = _F32(0.0)
+        for i in range(0, n64, 64):
+            for l in range(64):
+                acc[l] = fma32(F16_TO_F32_TABLE[row[i + l]], w[i + l], acc[l])
+        for l in range(n_kv - n64):
+            acc[l] = fma32(F16_TO_F32_TABLE[row[n64 + l]], w[n64 + l], acc[l])
+        out[t, o0 + d] = _reduce_4x16(acc, lanes)
 
 
 @njit(cache=True, parallel=True)
+def _attention_par(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+    for th in prange(q.shape[0] * n_head):
+        _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+
+
+@njit(cache=True)
+def _attention_ser(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+    for th in range(q.shape[0] * n_head):
+        _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+
+
+# Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
+# waking the others.
+PARALLEL_MIN_WORK = 1 << 17
+
+
 def attention_rows(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
@@ -89,54 +167,9 @@ def attention_rows(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k
     kq_scale: float32 (1/sqrt(head_dim)). Query head h reads KV head h // (n_head / n_head_kv).
     Each (row, head) is computed by one thread in a fixed order: results do not depend on the
     thread count, and row t equals a one-row call at position pos0 + t bit for bit.
+    The caller guarantees the shapes and pos0 + N <= n_ctx.
     """
     n = q.shape[0]
-    gqa = n_head // n_head_kv
-    for th in prange(n * n_head):
-        t = th // n_head
-        h = th % n_head
-        kvh = h // gqa
-        p = pos0 + t
-        n_kv = p + 1
-        n_kv16 = (n_kv + 15) // 16 * 16
-        acc = np.empty(64, np.float32)
-        lanes = np.empty(16, np.float32)
-        qh = np.empty(head_dim_k, np.float32)
-        w = np.empty(n_kv16, np.float32)
-        # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
-        for i in range(head_dim_k):
-            qh[i] = _f16_round(q[t, h * head_dim_k + i])
-        # scores kq[j] = K[j] . q, scaled (soft_max_ext: ggml_vec_scale_f32, then + mask 0)
-        k0 = kvh * head_dim_k
-        mx = _F32(-np.inf)
-        for j in range(n_kv):
-            s = _dot_f16(k_cache[j, k0:k0 + head_dim_k], qh, head_dim_k, acc, lanes) * kq_scale
-            w[j] = s
-            mx = max(mx, s)
-        # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
-        total = 0.0
-        for c in range(0, n_kv16, 16):
-            for l in range(16):
-                j = c + l
-                lanes[l] = v_expf(w[j] - mx) if j < n_kv else _F32(0.0)
-                if j < n_kv:
-                    w[j] = lanes[l]
-            total += np.float64(reduce_add_16(lanes))
-        inv = _F32(1.0 / total)
-        # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
-        for j in range(n_kv):
-            w[j] = _f16_round(w[j] * inv)
-        # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
-        v0 = kvh * head_dim_v
-        o0 = h * head_dim_v
-        n64 = n_kv - n_kv % 64
-        for d in range(head_dim_v):
-            row = v_cache[v0 + d]
-            for l in range(64):
-                acc[l] = _F32(0.0)
-            for i in range(0, n64, 64):
-                for l in range(64):
-                    acc[l] = fma32(F16_TO_F32_TABLE[row[i + l]], w[i + l], acc[l])
-            for l in range(n_kv - n64):
-                acc[l] = fma32(F16_TO_F32_TABLE[row[n64 + l]], w[n64 + l], acc[l])
-            out[t, o0 + d] = _reduce_4x16(acc, lanes)
+    work = n * n_head * (pos0 + n) * (head_dim_k + head_dim_v)
+    fn = _attention_par if work >= PARALLEL_MIN_WORK else _attention_ser
+    fn(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale))

@@ -80,27 +80,67 @@ def silu_f32(x):
     return x / (_F32(1.0) + math.exp(-x))
 
 
+@njit(cache=True, inline="always")
+def _swiglu_row(out, gate, up, t):
+    m = gate.shape[1]
+    m16 = m - m % 16
+    for i in range(m16):
+        out[t, i] = v_silu(gate[t, i]) * up[t, i]
+    for i in range(m16, m):
+        out[t, i] = silu_f32(gate[t, i]) * up[t, i]
+
+
 @njit(cache=True, parallel=True)
+def _swiglu_par(out, gate, up):
+    for t in prange(gate.shape[0]):
+        _swiglu_row(out, gate, up, t)
+
+
+@njit(cache=True)
+def _swiglu_ser(out, gate, up):
+    for t in range(gate.shape[0]):
+        _swiglu_row(out, gate, up, t)
+
+
 def swiglu_rows(out, gate, up):
     """out[n, i] = silu(gate[n, i]) * up[n, i]: ggml_vec_swiglu_f32 per row.
 
     out, gate, up: float32 [N, n_ff]. The first n_ff - n_ff % 16 columns use the 16-lane
     ggml_v_silu; the remainder the scalar ggml_silu_f32 with libm expf (as ggml's tail loop).
+    Rows run in parallel when there are several (one row is not worth waking threads).
     """
-    n, m = gate.shape
-    m16 = m - m % 16
-    for t in prange(n):
-        for i in range(m16):
-            out[t, i] = v_silu(gate[t, i]) * up[t, i]
-        for i in range(m16, m):
-            out[t, i] = silu_f32(gate[t, i]) * up[t, i]
+    (_swiglu_par if gate.shape[0] > 1 else _swiglu_ser)(out, gate, up)
 
 
 # ---------------------------------------------------------------------------------------------
 # RMSNorm
 # ---------------------------------------------------------------------------------------------
 
+@njit(cache=True, inline="always")
+def _rms_norm_row(out, x, w, eps, t):
+    m = x.shape[1]
+    s = 0.0
+    for i in range(m):
+        v = x[t, i]
+        s += np.float64(v * v)
+    mean = _F32(s / m)
+    scale = _F32(1.0) / math.sqrt(mean + eps)
+    for i in range(m):
+        out[t, i] = (x[t, i] * scale) * w[i]
+
+
 @njit(cache=True, parallel=True)
+def _rms_norm_par(out, x, w, eps):
+    for t in prange(x.shape[0]):
+        _rms_norm_row(out, x, w, eps, t)
+
+
+@njit(cache=True)
+def _rms_norm_ser(out, x, w, eps):
+    for t in range(x.shape[0]):
+        _rms_norm_row(out, x, w, eps, t)
+
+
 def rms_norm_rows(out, x, w, eps):
     """out[n] = x[n] * (1 / sqrt(mean(x[n]**2) + eps)) * w, per row.
 
@@ -109,16 +149,7 @@ def rms_norm_rows(out, x, w, eps):
     1.0f / sqrtf(mean + eps); y = (x * scale) * w in float.
     out, x: float32 [N, n_embd]; w: float32 [n_embd]; eps: float32.
     """
-    n, m = x.shape
-    for t in prange(n):
-        s = 0.0
-        for i in range(m):
-            v = x[t, i]
-            s += np.float64(v * v)
-        mean = _F32(s / m)
-        scale = _F32(1.0) / math.sqrt(mean + eps)
-        for i in range(m):
-            out[t, i] = (x[t, i] * scale) * w[i]
+    (_rms_norm_par if x.shape[0] > 1 else _rms_norm_ser)(out, x, w, np.float32(eps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +224,38 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
             theta = theta * theta_scale
 
 
+@njit(cache=True, inline="always")
+def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
+    t = th // n_heads
+    base = (th % n_heads) * head_dim
+    half = n_dims // 2
+    for i0 in range(0, n_dims, 2):
+        c = cache[t, i0]
+        s = cache[t, i0 + 1]
+        if neox:
+            a = base + i0 // 2
+            b = a + half
+        else:
+            a = base + i0
+            b = a + 1
+        x0 = x[t, a]
+        x1 = x[t, b]
+        x[t, a] = fma32(x0, c, -(x1 * s))
+        x[t, b] = fma32(x0, s, x1 * c)
+
+
 @njit(cache=True, parallel=True)
+def _rope_par(x, cache, n_heads, head_dim, n_dims, neox):
+    for th in prange(x.shape[0] * n_heads):
+        _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)
+
+
+@njit(cache=True)
+def _rope_ser(x, cache, n_heads, head_dim, n_dims, neox):
+    for th in range(x.shape[0] * n_heads):
+        _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)
+
+
 def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
     """Rotate every head of x in place: rotate_pairs (ggml-cpu/ops.cpp).
 
@@ -202,21 +264,4 @@ def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
     x0*cos - x1*sin and x0*sin + x1*cos are computed as GCC contracts them: the first product
     fused, fma(x0, cos, -(x1*sin)) and fma(x0, sin, x1*cos). Dims >= n_dims are unchanged.
     """
-    n = x.shape[0]
-    half = n_dims // 2
-    for th in prange(n * n_heads):
-        t = th // n_heads
-        base = (th % n_heads) * head_dim
-        for i0 in range(0, n_dims, 2):
-            c = cache[t, i0]
-            s = cache[t, i0 + 1]
-            if neox:
-                a = base + i0 // 2
-                b = a + half
-            else:
-                a = base + i0
-                b = a + 1
-            x0 = x[t, a]
-            x1 = x[t, b]
-            x[t, a] = fma32(x0, c, -(x1 * s))
-            x[t, b] = fma32(x0, s, x1 * c)
+    (_rope_par if x.shape[0] > 1 else _rope_ser)(x, cache, n_heads, head_dim, n_dims, bool(neox))
