@@ -239,34 +239,61 @@ def _splat(builder, val, n):
 
 
 def ir_nibbles32(builder, qs_ptr):
-    """16 bytes at qs_ptr -> <32 x i32>: low nibbles (values 0..15) then high nibbles (16..31)."""
+    """16 bytes at qs_ptr -> <32 x i8>: low nibbles (values 0..15) then high nibbles (16..31)."""
     v = _vload(builder, qs_ptr, 16)
     lo = builder.and_(v, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
     hi = builder.lshr(v, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
-    both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-    return builder.zext(both, ir.VectorType(_I32, 32))
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
 
 
 def ir_high_bits32(builder, qh_ptr):
-    """The 32 bits of the little-endian uint32 at qh_ptr -> <32 x i32> of (bit j) << 4."""
+    """The 32 bits of the little-endian uint32 at qh_ptr -> <32 x i8> of (bit j) << 4."""
     qh = builder.load(builder.bitcast(qh_ptr, _I32.as_pointer()), align=1)
     v = _splat(builder, qh, 32)
     sh = builder.lshr(v, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
     bit = builder.and_(sh, ir.Constant(ir.VectorType(_I32, 32), [1] * 32))
-    return builder.shl(bit, ir.Constant(ir.VectorType(_I32, 32), [4] * 32))
+    return builder.trunc(builder.shl(bit, ir.Constant(ir.VectorType(_I32, 32), [4] * 32)), ir.VectorType(_I8, 32))
 
 
 def ir_int8x32(builder, ptr):
-    """32 int8 at ptr -> <32 x i32> (sign-extended)."""
-    return builder.sext(_vload(builder, ptr, 32), ir.VectorType(_I32, 32))
+    """32 int8 at ptr -> <32 x i8>."""
+    return _vload(builder, ptr, 32)
 
 
 def ir_add_const(builder, v, c):
-    return builder.add(v, ir.Constant(v.type, [c] * v.type.count))
+    return builder.add(v, ir.Constant(v.type, [c & 0xFF if v.type.element == _I8 else c] * v.type.count))
 
 
-def make_block_lanes_fma(decode):
-    """Build the block intrinsic for a weight decoder (see the comment above)."""
+# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32). Numba's cache is
+# keyed on the host CPU, so using it when the host has AVX512-VNNI + VL is safe; when Numba is told
+# to target another CPU, the portable widening multiply is used.
+_VNNI = bool(_HOST.get("avx512vnni") and _HOST.get("avx512vl"))
+
+
+def _lanes_portable(builder, w8, a8, signed):
+    i32x32 = ir.VectorType(_I32, 32)
+    wv = builder.sext(w8, i32x32) if signed else builder.zext(w8, i32x32)
+    prod = builder.mul(wv, builder.sext(a8, i32x32))
+    undef = ir.Constant(i32x32, ir.Undefined)
+    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, 8), list(range(k, 32, 4))))
+             for k in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _lanes_vnni(builder, w8, a8, signed):
+    i8x32, i32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
+    if signed:  # ggml's trick: |w| (as u8; |-128| = 128) times a carrying w's sign
+        neg = builder.icmp_signed("<", w8, ir.Constant(i8x32, [0] * 32))
+        w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x8, [i32x8] * 3),
+                                        "llvm.x86.avx512.vpdpbusd.256")
+    return builder.call(fn, [ir.Constant(i32x8, [0] * 8), builder.bitcast(w8, i32x8), builder.bitcast(a8, i32x8)])
+
+
+def make_block_lanes_fma(decode, signed):
+    """Build the block intrinsic for a weight decoder (see the comment above). ``decode(builder,
+    wblock_ptr)`` returns the block's 32 weight values as <32 x i8>, signed or (values 0..255)
+    unsigned as ``signed`` says."""
 
     @intrinsic
     def block_lanes_fma(typingctx, acc_ptr, d, w_row, w_off, a_row, a_off):
@@ -278,13 +305,9 @@ def make_block_lanes_fma(decode):
             adata = context.make_array(signature.args[4])(context, builder, a).data
             wdata = builder.bitcast(wdata, _I8.as_pointer())
             adata = builder.bitcast(adata, _I8.as_pointer())
-            wv = decode(builder, builder.gep(wdata, [wo]))
-            av = ir_int8x32(builder, builder.gep(adata, [ao]))
-            prod = builder.mul(wv, av)
-            undef32 = ir.Constant(ir.VectorType(_I32, 32), ir.Undefined)
-            parts = [builder.shuffle_vector(prod, undef32, ir.Constant(ir.VectorType(_I32, 8), list(range(k, 32, 4))))
-                     for k in range(4)]
-            lanes = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+            w8 = decode(builder, builder.gep(wdata, [wo]))
+            a8 = ir_int8x32(builder, builder.gep(adata, [ao]))
+            lanes = (_lanes_vnni if _VNNI else _lanes_portable)(builder, w8, a8, signed)
             fl = builder.sitofp(lanes, ir.VectorType(_F32, 8))
             vptr = builder.bitcast(accp, ir.VectorType(_F32, 8).as_pointer())
             acc = builder.load(vptr, align=4)
@@ -297,3 +320,51 @@ def make_block_lanes_fma(decode):
         return sig, codegen
 
     return block_lanes_fma
+
+
+# The 8 accumulators are touched only through these <8 x float> loads/stores, so LLVM keeps them in
+# one vector register across the block loop (mixed scalar/vector access would pin them to memory).
+
+
+@intrinsic
+def acc8_zero(typingctx, acc_ptr):
+    """acc[0:8] = 0 (acc_ptr from stack_f32(8))."""
+    sig = types.void(acc_ptr)
+
+    def codegen(context, builder, signature, args):
+        vty = ir.VectorType(_F32, 8)
+        builder.store(ir.Constant(vty, [0.0] * 8), builder.bitcast(args[0], vty.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def acc8_add(typingctx, dst_ptr, src_ptr):
+    """dst[0:8] += src[0:8] (lane-wise _mm256_add_ps)."""
+    sig = types.void(dst_ptr, src_ptr)
+
+    def codegen(context, builder, signature, args):
+        vty = ir.VectorType(_F32, 8)
+        dp = builder.bitcast(args[0], vty.as_pointer())
+        sp = builder.bitcast(args[1], vty.as_pointer())
+        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def acc8_hsum(typingctx, acc_ptr):
+    """hsum_float_8 of acc[0:8] in ggml's order: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
+    sig = types.float32(acc_ptr)
+
+    def codegen(context, builder, signature, args):
+        vty = ir.VectorType(_F32, 8)
+        v = builder.load(builder.bitcast(args[0], vty.as_pointer()), align=4)
+        a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
+        r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
+        r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
+        return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
+
+    return sig, codegen

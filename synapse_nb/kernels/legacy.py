@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import carray, njit
 from numba.core import cgutils
 
-from .common import (f16_le, f16_to_f32, fma32, hsum_float_8, ir_add_const, ir_high_bits32, ir_int8x32,
+from .common import (acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32, hsum_float_8, ir_add_const, ir_high_bits32, ir_int8x32,
                      ir_nibbles32, make_block_lanes_fma, reduce_add_16, stack_f32, u32_as_f32)
 
 # IQ4_NL / IQ4_XS non-linear codebook (ggml-common.h kvalues_iq4nl).
@@ -226,27 +226,15 @@ def _decode_iq4_nl(b, p):
     v = b.load(b.bitcast(_gep(b, p, 2), i8x16.as_pointer()), align=1)
     lo = _lookup16(b, b.and_(v, ir.Constant(i8x16, [15] * 16)))
     hi = _lookup16(b, b.lshr(v, ir.Constant(i8x16, [4] * 16)))
-    both = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-    return b.sext(both, ir.VectorType(ir.IntType(32), 32))
+    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
 
 
-_blk_q4_0 = make_block_lanes_fma(_decode_q4_0)
-_blk_q4_1 = make_block_lanes_fma(_decode_q4_1)
-_blk_q5_0 = make_block_lanes_fma(_decode_q5_0)
-_blk_q5_1 = make_block_lanes_fma(_decode_q5_1)
-_blk_q8_0 = make_block_lanes_fma(_decode_q8_0)
-_blk_iq4_nl = make_block_lanes_fma(_decode_iq4_nl)
-
-
-@njit(cache=True, inline="always")
-def _zero8(acc):
-    for l in range(8):
-        acc[l] = np.float32(0.0)
-
-
-@njit(cache=True, inline="always")
-def _hsum8(acc):
-    return hsum_float_8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
+_blk_q4_0 = make_block_lanes_fma(_decode_q4_0, signed=True)
+_blk_q4_1 = make_block_lanes_fma(_decode_q4_1, signed=False)
+_blk_q5_0 = make_block_lanes_fma(_decode_q5_0, signed=True)
+_blk_q5_1 = make_block_lanes_fma(_decode_q5_1, signed=False)
+_blk_q8_0 = make_block_lanes_fma(_decode_q8_0, signed=True)
+_blk_iq4_nl = make_block_lanes_fma(_decode_iq4_nl, signed=True)
 
 
 @njit(cache=True)
@@ -259,12 +247,11 @@ def vec_dot_q4_0_q8_0(w_row, a_row, scratch):
     """
     nb = w_row.size // 18
     accp = stack_f32(8)
-    acc = carray(accp, 8)
-    _zero8(acc)
+    acc8_zero(accp)
     for b in range(nb):
         d = f16_le(w_row, b * 18) * f16_le(a_row, b * 34)
         _blk_q4_0(accp, d, w_row, b * 18, a_row, b * 34 + 2)
-    return _hsum8(acc)
+    return acc8_hsum(accp)
 
 
 @njit(cache=True)
@@ -276,12 +263,11 @@ def vec_dot_q8_0_q8_0(w_row, a_row, scratch):
     """
     nb = w_row.size // 34
     accp = stack_f32(8)
-    acc = carray(accp, 8)
-    _zero8(acc)
+    acc8_zero(accp)
     for b in range(nb):
         d = f16_le(w_row, b * 34) * f16_le(a_row, b * 34)
         _blk_q8_0(accp, d, w_row, b * 34, a_row, b * 34 + 2)
-    return _hsum8(acc)
+    return acc8_hsum(accp)
 
 
 @njit(cache=True)
@@ -293,12 +279,11 @@ def vec_dot_q5_0_q8_0(w_row, a_row, scratch):
     """
     nb = w_row.size // 22
     accp = stack_f32(8)
-    acc = carray(accp, 8)
-    _zero8(acc)
+    acc8_zero(accp)
     for b in range(nb):
         d = f16_le(w_row, b * 22) * f16_le(a_row, b * 34)
         _blk_q5_0(accp, d, w_row, b * 22, a_row, b * 34 + 2)
-    return _hsum8(acc)
+    return acc8_hsum(accp)
 
 
 @njit(cache=True)
@@ -311,14 +296,13 @@ def vec_dot_q4_1_q8_1(w_row, a_row, scratch):
     """
     nb = w_row.size // 20
     accp = stack_f32(8)
-    acc = carray(accp, 8)
-    _zero8(acc)
+    acc8_zero(accp)
     summs = np.float32(0.0)
     for b in range(nb):
         d = f16_le(w_row, b * 20) * f16_le(a_row, b * 36)
         summs = _summs(f16_le(w_row, b * 20 + 2), f16_le(a_row, b * 36 + 2), summs)
         _blk_q4_1(accp, d, w_row, b * 20, a_row, b * 36 + 4)
-    return _hsum8(acc) + summs
+    return acc8_hsum(accp) + summs
 
 
 @njit(cache=True)
@@ -330,14 +314,13 @@ def vec_dot_q5_1_q8_1(w_row, a_row, scratch):
     """
     nb = w_row.size // 24
     accp = stack_f32(8)
-    acc = carray(accp, 8)
-    _zero8(acc)
+    acc8_zero(accp)
     summs = np.float32(0.0)
     for b in range(nb):
         d = f16_le(w_row, b * 24) * f16_le(a_row, b * 36)
         summs = _summs(f16_le(w_row, b * 24 + 2), f16_le(a_row, b * 36 + 2), summs)
         _blk_q5_1(accp, d, w_row, b * 24, a_row, b * 36 + 4)
-    return _hsum8(acc) + summs
+    return acc8_hsum(accp) + summs
 
 
 @njit(cache=True)
@@ -352,18 +335,15 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     nb = w_row.size // 18
     p1 = stack_f32(8)
     p2 = stack_f32(8)
-    acc1 = carray(p1, 8)
-    acc2 = carray(p2, 8)
-    _zero8(acc1)
-    _zero8(acc2)
+    acc8_zero(p1)
+    acc8_zero(p2)
     for i in range(nb // 2):
         b = 2 * i
         _blk_iq4_nl(p1, f16_le(a_row, b * 34) * f16_le(w_row, b * 18), w_row, b * 18, a_row, b * 34 + 2)
         b = 2 * i + 1
         _blk_iq4_nl(p2, f16_le(a_row, b * 34) * f16_le(w_row, b * 18), w_row, b * 18, a_row, b * 34 + 2)
-    for l in range(8):
-        acc1[l] = acc1[l] + acc2[l]
-    sumf = _hsum8(acc1)
+    acc8_add(p1, p2)
+    sumf = acc8_hsum(p1)
     if nb % 2 == 1:
         b = nb - 1
         ai = a_row.view(np.int8)

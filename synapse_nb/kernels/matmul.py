@@ -21,7 +21,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT (settled 2026-11-29; the K-quant helper 
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
   unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
   legacy formats therefore do each block's integer work in one explicit-vector LLVM intrinsic
-  (common.make_block_lanes_fma); check ``inspect_asm()`` of any new row function for zmm/ymm.
+  (common.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, else a portable widening multiply);
+  check ``inspect_asm()`` of any new row function for zmm/ymm (benchmarks/bench_kernels.py --asm).
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Caching hazard: Numba's on-disk cache of a driver is keyed on matmul.py alone; it does not
   notice edits to the row functions it inlined (legacy.py, kquants.py, quant_act.py, common.py).
