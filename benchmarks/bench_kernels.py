@@ -115,6 +115,9 @@ def main():
             continue
         for si, (m, k) in enumerate(SHAPES):
             fmt = F.format_of(name)
+            if k % fmt.block_size:
+                print(f"{name:7} {m:>6}x{k:<5}   (n_in not a multiple of {fmt.block_size}: not a valid {name} matrix)")
+                continue
             mb = fmt.row_bytes(k) * m / 1e6
             if mb > args.max_mb:
                 print(f"{name:7} {m:>6}x{k:<5} {mb:7.1f}   (skipped: > --max-mb)")
