@@ -48,21 +48,6 @@ def _reduce_4x16(acc, lanes):
 
 
 @njit(cache=True, inline="always")
-def _dot_f16(xb, y, n, acc, lanes):
-    """ggml_vec_dot_f16 (AVX-512) of F16 bits xb[0:n] with F16-valued float32 y[0:n] -> float32."""
-    n64 = n - n % 64
-    for l in range(64):
-        acc[l] = _F32(0.0)
-    for i in range(0, n64, 64):
-        for l in range(64):
-            acc[l] = fma32(F16_TO_F32_TABLE[xb[i + l]], y[i + l], acc[l])
-    s = np.float64(_reduce_4x16(acc, lanes))
-    for i in range(n64, n):
-        s += np.float64(F16_TO_F32_TABLE[xb[i]] * y[i])
-    return _F32(s)
-
-
-@njit(cache=True, inline="always")
 def _store_row(k_cache, v_cache, k, v, pos0, t):
     p = pos0 + t
     for i in range(k.shape[1]):
@@ -90,68 +75,92 @@ def store_kv(k_cache, v_cache, k, v, pos0):
 
 
 @njit(cache=True, inline="always")
-def _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th):
-    """Attention of one (row, head) pair th = t * n_head + h; see attention_rows."""
+def _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
+    """Attention of the query heads sharing KV head kvh, for row t (tg = t * n_head_kv + kvh).
+
+    The group's K rows and V^T rows 0..p are expanded from F16 to float once (exact) and reused
+    by its n_head / n_head_kv query heads.
+    """
     gqa = n_head // n_head_kv
-    t = th // n_head
-    h = th % n_head
-    kvh = h // gqa
+    t = tg // n_head_kv
+    kvh = tg % n_head_kv
     p = pos0 + t
     n_kv = p + 1
     n_kv16 = (n_kv + 15) // 16 * 16
+    k0 = kvh * head_dim_k
+    v0 = kvh * head_dim_v
     acc = np.empty(64, np.float32)
     lanes = np.empty(16, np.float32)
     qh = np.empty(head_dim_k, np.float32)
     w = np.empty(n_kv16, np.float32)
-    # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
-    for i in range(head_dim_k):
-        qh[i] = _f16_round(q[t, h * head_dim_k + i])
-    # scores kq[j] = K[j] . q, scaled (soft_max_ext: ggml_vec_scale_f32, then + mask 0)
-    k0 = kvh * head_dim_k
-    mx = _F32(-np.inf)
+    kf = np.empty((n_kv, head_dim_k), np.float32)
+    vf = np.empty((head_dim_v, n_kv), np.float32)
     for j in range(n_kv):
-        s = _dot_f16(k_cache[j, k0:k0 + head_dim_k], qh, head_dim_k, acc, lanes) * kq_scale
-        w[j] = s
-        mx = max(mx, s)
-    # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
-    total = 0.0
-    for c in range(0, n_kv16, 16):
-        for l in range(16):
-            j = c + l
-            lanes[l] = v_expf(w[j] - mx) if j < n_kv else _F32(0.0)
-            if j < n_kv:
-                w[j] = lanes[l]
-        total += np.float64(reduce_add_16(lanes))
-    inv = _F32(1.0 / total)
-    # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
-    for j in range(n_kv):
-        w[j] = _f16_round(w[j] * inv)
-    # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
-    v0 = kvh * head_dim_v
-    o0 = h * head_dim_v
-    n64 = n_kv - n_kv % 64
+        for i in range(head_dim_k):
+            kf[j, i] = F16_TO_F32_TABLE[k_cache[j, k0 + i]]
     for d in range(head_dim_v):
-        row = v_cache[v0 + d]
-        for l in range(64):
-            acc[l] = _F32(0.0)
-        for i in range(0, n64, 64):
+        for j in range(n_kv):
+            vf[d, j] = F16_TO_F32_TABLE[v_cache[v0 + d, j]]
+    hd64 = head_dim_k - head_dim_k % 64
+    n64 = n_kv - n_kv % 64
+    for hh in range(gqa):
+        h = kvh * gqa + hh
+        # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
+        for i in range(head_dim_k):
+            qh[i] = _f16_round(q[t, h * head_dim_k + i])
+        # scores kq[j] = K[j] . q (ggml_vec_dot_f16), scaled (soft_max_ext: ggml_vec_scale_f32, + mask 0)
+        mx = _F32(-np.inf)
+        for j in range(n_kv):
             for l in range(64):
-                acc[l] = fma32(F16_TO_F32_TABLE[row[i + l]], w[i + l], acc[l])
-        for l in range(n_kv - n64):
-            acc[l] = fma32(F16_TO_F32_TABLE[row[n64 + l]], w[n64 + l], acc[l])
-        out[t, o0 + d] = _reduce_4x16(acc, lanes)
+                acc[l] = _F32(0.0)
+            for i in range(0, hd64, 64):
+                for l in range(64):
+                    acc[l] = fma32(kf[j, i + l], qh[i + l], acc[l])
+            sd = np.float64(_reduce_4x16(acc, lanes))
+            for i in range(hd64, head_dim_k):
+                sd += np.float64(kf[j, i] * qh[i])
+            s = _F32(sd) * kq_scale
+            w[j] = s
+            mx = max(mx, s)
+        # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
+        total = 0.0
+        for c in range(0, n_kv16, 16):
+            for l in range(16):
+                j = c + l
+                if j < n_kv:
+                    e = v_expf(w[j] - mx)
+                    w[j] = e
+                    lanes[l] = e
+                else:
+                    lanes[l] = _F32(0.0)
+            total += np.float64(reduce_add_16(lanes))
+        inv = _F32(1.0 / total)
+        # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
+        for j in range(n_kv):
+            w[j] = _f16_round(w[j] * inv)
+        # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
+        o0 = h * head_dim_v
+        for d in range(head_dim_v):
+            for l in range(64):
+                acc[l] = _F32(0.0)
+            for i in range(0, n64, 64):
+                for l in range(64):
+                    acc[l] = fma32(vf[d, i + l], w[i + l], acc[l])
+            for l in range(n_kv - n64):
+                acc[l] = fma32(vf[d, n64 + l], w[n64 + l], acc[l])
+            out[t, o0 + d] = _reduce_4x16(acc, lanes)
 
 
 @njit(cache=True, parallel=True)
 def _attention_par(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
-    for th in prange(q.shape[0] * n_head):
-        _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+    for tg in prange(q.shape[0] * n_head_kv):
+        _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
 
 
 @njit(cache=True)
 def _attention_ser(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
-    for th in range(q.shape[0] * n_head):
-        _attend(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+    for tg in range(q.shape[0] * n_head_kv):
+        _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
 
 
 # Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
