@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .common import fma32
+from .common import fma32, u32_as_f32
 
 _F32 = np.float32
 
@@ -63,8 +63,13 @@ def v_expf(x):
               fma32(_C3, b, _C2)),
         u,
         fma32(_C1, b, _F32(1.0)))
-    # scalef: j * 2**n, exact in double, then one rounding to float (normal or subnormal)
-    return _F32(math.ldexp(np.float64(j), int(n)))
+    # scalef: j * 2**n rounded once. For -125 <= n <= 127, 2**n is a normal float and j * 2**n
+    # (j in [0.7, 1.5)) a normal float or inf: one float multiply rounds exactly as scalef.
+    # Otherwise (subnormal results) scale exactly in double and round once to float.
+    ni = np.int32(n)
+    if ni >= -125 and ni <= 127:
+        return j * u32_as_f32(np.uint32(ni + 127) << np.uint32(23))
+    return _F32(math.ldexp(np.float64(j), int(ni)))
 
 
 @njit(cache=True, inline="always")
