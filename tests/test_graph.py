@@ -137,3 +137,73 @@ def test_prompt_rows_bit_identical_to_llamacpp_single_token_path(cache, name):
         single.append(s.eval([int(t)]))
     single = np.stack(single)
     assert np.array_equal(single.view(np.uint32), golden["single_logits"].view(np.uint32))
+
+
+# --- kernel unit checks (the end-to-end tests above are the bit-exact ones) -----------------------
+
+def test_rms_norm_matches_numpy_transcription():
+    from synapse_nb.kernels import ops
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((5, 576)) * 3).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    eps = np.float32(1e-5)
+    out = np.empty_like(x)
+    ops.rms_norm_rows(out, x, w, eps)
+    for t in range(5):  # ggml: float squares summed in double, mean and scale in float
+        s = 0.0
+        for v in x[t]:
+            s += float(v * v)
+        scale = np.float32(1) / np.sqrt(np.float32(s / 576) + eps, dtype=np.float32)
+        assert np.array_equal(out[t], (x[t] * scale) * w)
+    one = np.empty_like(x[:1])
+    ops.rms_norm_rows(one, x[3:4], w, eps)  # the serial (one-row) kernel gives the same bits
+    assert np.array_equal(one[0], out[3])
+
+
+def test_v_expf_is_ggml_polynomial_exp():
+    from numba import njit
+
+    from synapse_nb.kernels import ops
+
+    @njit
+    def run(x, out):
+        for i in range(x.shape[0]):
+            out[i] = ops.v_expf(x[i])
+
+    x = np.concatenate([np.linspace(-100, 80, 20001, dtype=np.float32),
+                        np.array([0, -0.0, -np.inf, np.inf, -200, 200, -101, -88, 88], np.float32)])
+    y = np.empty_like(x)
+    run(x, y)
+    ref = np.exp(x.astype(np.float64))
+    fin = np.isfinite(ref) & (ref > 1e-37) & (ref < 3e38)
+    ulps = np.abs(y[fin] - ref[fin]) / np.spacing(ref[fin].astype(np.float32))
+    assert ulps.max() < 2.5  # ggml: max error 1.45 ulp + 0.5 rounding
+    assert y[-9] == 1 and y[-8] == 1 and y[-7] == 0 and y[-6] == np.inf
+    assert y[-5] == 0 and y[-4] == np.inf  # |n| > 192: 0 or inf
+    assert 0 < y[-3] < 1e-38  # subnormal result of scalef
+
+
+def test_rope_tables():
+    from synapse_nb.kernels import ops
+
+    # tiny-mistral3: n_rot 64, n_ctx_orig 32, base 1e6, beta_fast 32, beta_slow 1 -> ramp dims [0, 4]
+    assert ops.rope_corr_dims(64, 32, np.float32(1e6), np.float32(32), np.float32(1)) == (0.0, 4.0)
+    ts = ops.rope_theta_scale(np.float32(10000), 64)
+    assert np.float32(ts) == np.float32(10000) ** (np.float32(-2) / np.float32(64))
+    cache = np.empty((2, 64), np.float32)
+    ops.rope_cache(cache, np.array([0, 5]), 64, ts, np.float32(1), np.ones(32, np.float32),
+                   np.float32(0), np.float32(1), np.float32(0), np.float32(0))
+    assert np.all(cache[0, 0::2] == 1) and np.all(cache[0, 1::2] == 0)  # position 0: identity
+    theta = np.float32(5)  # theta multiplied by theta_scale once per pair, in float
+    for i in range(32):
+        assert abs(cache[1, 2 * i] - np.cos(np.float64(theta))) < 1e-6
+        theta = np.float32(theta * np.float32(ts))
+    # rotation: normal mode rotates (2i, 2i+1), NEOX (i, i+32); position 0 leaves x unchanged
+    x = np.random.default_rng(1).standard_normal((2, 128)).astype(np.float32)
+    for neox in (False, True):
+        y = x.copy()
+        ops.rope_rows(y, cache, 2, 64, 64, neox)
+        assert np.array_equal(y[0], x[0]) and not np.array_equal(y[1], x[1])
+        norms = lambda v: (v[:32] ** 2 + v[32:64] ** 2) if neox else (v[0:64:2] ** 2 + v[1:64:2] ** 2)
+        assert np.allclose(norms(y[1]), norms(x[1]), rtol=1e-5)
