@@ -193,9 +193,9 @@ def test_get_rows(name):
 def test_matmul_rows_equal_matvec(name):
     rng = np.random.default_rng(5)
     w, _ = fixture_weight(name)
-    x = (rng.standard_normal((64, 256)) * rng.uniform(0.01, 10, (64, 1))).astype(np.float32)
-    vec = np.stack([matvec(w, x[n]) for n in range(64)])
-    for n in (1, 7, 64):
+    x = (rng.standard_normal((130, 256)) * rng.uniform(0.01, 10, (130, 1))).astype(np.float32)
+    vec = np.stack([matvec(w, x[n]) for n in range(130)])
+    for n in (1, 7, 64, 130):  # 130: more rows than one 64-row group of the multi-row kernels
         assert same_bits(matmul(w, np.ascontiguousarray(x[:n])), vec[:n])
 
 

@@ -368,3 +368,16 @@ def acc8_hsum(typingctx, acc_ptr):
         return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
 
     return sig, codegen
+
+
+@intrinsic
+def ptr_offset(typingctx, p, k):
+    """p + k (pointer arithmetic in elements), e.g. the n-th group of 8 accumulators in a stack array."""
+    if not isinstance(p, types.CPointer):
+        return None
+    sig = p(p, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.gep(args[0], [args[1]])
+
+    return sig, codegen

@@ -22,6 +22,8 @@ exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by la
   * BF16: ggml_vec_dot_bf16 with AVX512BF16 (vdpbf16ps): 2 x 16 lanes over 64-element steps;
     lane l adds the odd product then the even one of its pair; each accumulator is reduced with
     _mm512_reduce_add_ps into a double sum; leftovers in double.
+With these orders every output of ggml's own vec_dot in tests/data/kernels (8 activation rows x 768
+weight rows per format) is reproduced bit for bit.
 """
 
 import numba
@@ -31,10 +33,12 @@ from llvmlite import ir
 from numba import carray, njit
 from numba.core import cgutils
 
-from .common import (acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32, hsum_float_8, ir_add_const, ir_high_bits32, ir_int8x32,
-                     ir_nibbles32, make_block_lanes_fma, reduce_add_16, stack_f32, u32_as_f32)
+from .common import (acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32,
+                     ir_int8x32, ir_nibbles32, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32,
+                     u32_as_f32)
 
 # IQ4_NL / IQ4_XS non-linear codebook (ggml-common.h kvalues_iq4nl).
+
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
@@ -354,6 +358,150 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
             isum += np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[b * 34 + 18 + j])
         sumf = fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
     return sumf
+
+
+# ----------------------------------------------------------------------------------------------
+# Several activation rows against one weight row (the matmul drivers' inner call): y[n, m] for all
+# n, each with exactly the operations and order of vec_dot_T(w_row, a[n]) -- per output the same
+# 8-lane accumulator over blocks in order -- but the loop is blocks outer, activation rows inner,
+# so each weight block is loaded and decoded once for up to ROWS_GROUP rows (LLVM hoists the
+# decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
+# ----------------------------------------------------------------------------------------------
+
+ROWS_GROUP = 64  # activation rows per pass (stack: 64 x 8 float32 per accumulator set)
+
+
+@njit(cache=True)
+def rows_dot_q4_0_q8_0(y, m, w_row, a):
+    """y[n, m] = vec_dot_q4_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 18
+    accs = stack_f32(512)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for b in range(nb):
+            dw = f16_le(w_row, b * 18)
+            for n in range(ng):
+                _blk_q4_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 18, a[g + n], b * 34 + 2)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
+
+
+@njit(cache=True)
+def rows_dot_q8_0_q8_0(y, m, w_row, a):
+    """y[n, m] = vec_dot_q8_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 34
+    accs = stack_f32(512)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for b in range(nb):
+            dw = f16_le(w_row, b * 34)
+            for n in range(ng):
+                _blk_q8_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 34, a[g + n], b * 34 + 2)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
+
+
+@njit(cache=True)
+def rows_dot_q5_0_q8_0(y, m, w_row, a):
+    """y[n, m] = vec_dot_q5_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 22
+    accs = stack_f32(512)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for b in range(nb):
+            dw = f16_le(w_row, b * 22)
+            for n in range(ng):
+                _blk_q5_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 22, a[g + n], b * 34 + 2)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
+
+
+@njit(cache=True)
+def rows_dot_q4_1_q8_1(y, m, w_row, a):
+    """y[n, m] = vec_dot_q4_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 20
+    accs = stack_f32(512)
+    summs = carray(stack_f32(64), 64)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+            summs[n] = np.float32(0.0)
+        for b in range(nb):
+            dw = f16_le(w_row, b * 20)
+            mw = f16_le(w_row, b * 20 + 2)
+            for n in range(ng):
+                summs[n] = _summs(mw, f16_le(a[g + n], b * 36 + 2), summs[n])
+                _blk_q4_1(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 36), w_row, b * 20, a[g + n], b * 36 + 4)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
+
+
+@njit(cache=True)
+def rows_dot_q5_1_q8_1(y, m, w_row, a):
+    """y[n, m] = vec_dot_q5_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 24
+    accs = stack_f32(512)
+    summs = carray(stack_f32(64), 64)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+            summs[n] = np.float32(0.0)
+        for b in range(nb):
+            dw = f16_le(w_row, b * 24)
+            mw = f16_le(w_row, b * 24 + 2)
+            for n in range(ng):
+                summs[n] = _summs(mw, f16_le(a[g + n], b * 36 + 2), summs[n])
+                _blk_q5_1(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 36), w_row, b * 24, a[g + n], b * 36 + 4)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
+
+
+@njit(cache=True)
+def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
+    """y[n, m] = vec_dot_iq4_nl_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // 18
+    acc1 = stack_f32(512)
+    acc2 = stack_f32(512)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(acc1, 8 * n))
+            acc8_zero(ptr_offset(acc2, 8 * n))
+        for i in range(nb // 2):
+            b0 = 2 * i
+            b1 = 2 * i + 1
+            d0 = f16_le(w_row, b0 * 18)
+            d1 = f16_le(w_row, b1 * 18)
+            for n in range(ng):
+                an = a[g + n]
+                _blk_iq4_nl(ptr_offset(acc1, 8 * n), f16_le(an, b0 * 34) * d0, w_row, b0 * 18, an, b0 * 34 + 2)
+                _blk_iq4_nl(ptr_offset(acc2, 8 * n), f16_le(an, b1 * 34) * d1, w_row, b1 * 18, an, b1 * 34 + 2)
+        for n in range(ng):
+            acc8_add(ptr_offset(acc1, 8 * n), ptr_offset(acc2, 8 * n))
+            sumf = acc8_hsum(ptr_offset(acc1, 8 * n))
+            if nb % 2 == 1:
+                sumf = _iq4_nl_tail(w_row, a[g + n], nb - 1, sumf)
+            y[g + n, m] = sumf
+
+
+@njit(cache=True)
+def _iq4_nl_tail(w_row, a_row, b, sumf):
+    """ggml's scalar tail for a trailing odd IQ4_NL block: sumf = fma(d, isum, sumf)."""
+    ai = a_row.view(np.int8)
+    isum = np.int32(0)
+    for j in range(16):
+        q = w_row[b * 18 + 2 + j]
+        isum += np.int32(KVALUES_IQ4NL[q & 15]) * np.int32(ai[b * 34 + 2 + j])
+        isum += np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[b * 34 + 18 + j])
+    return fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
 
 
 @njit(cache=True, inline="always")

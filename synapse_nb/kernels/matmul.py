@@ -28,6 +28,11 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT (settled 2026-11-29; the K-quant helper 
   notice edits to the row functions it inlined (legacy.py, kquants.py, quant_act.py, common.py).
   ``kernels_for`` therefore drops matmul.py's cache files, once per process, when one of those
   sources is newer than them (see _drop_stale_driver_cache).
+* Legacy quant formats with N > 1 go through ``rows_dot_T(y, m, w_row, a)`` (legacy.py): all
+  activation rows against one weight row, blocks outer and rows inner so a weight block is decoded
+  once for up to 64 rows; per output the operations and their order are exactly vec_dot_T's, which
+  N == 1 uses (matmul rows == matvec is tested bitwise for N in 1, 7, 64, 130).
+  A K-quant may offer the same later; the drivers then call it instead of the per-pair loop.
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
@@ -138,8 +143,10 @@ def _mm_q4_0(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_q4_0_q8_0(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_q4_0_q8_0(w[m], a[0], scratch)
+            else:
+                L.rows_dot_q4_0_q8_0(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
@@ -148,8 +155,10 @@ def _mm_q4_1(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_q4_1_q8_1(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_q4_1_q8_1(w[m], a[0], scratch)
+            else:
+                L.rows_dot_q4_1_q8_1(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
@@ -158,8 +167,10 @@ def _mm_q5_0(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_q5_0_q8_0(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_q5_0_q8_0(w[m], a[0], scratch)
+            else:
+                L.rows_dot_q5_0_q8_0(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
@@ -168,8 +179,10 @@ def _mm_q5_1(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_q5_1_q8_1(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_q5_1_q8_1(w[m], a[0], scratch)
+            else:
+                L.rows_dot_q5_1_q8_1(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
@@ -178,8 +191,10 @@ def _mm_q8_0(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_q8_0_q8_0(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_q8_0_q8_0(w[m], a[0], scratch)
+            else:
+                L.rows_dot_q8_0_q8_0(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
@@ -188,8 +203,10 @@ def _mm_iq4_nl(y, w, a, n_scratch):
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-            for n in range(a.shape[0]):
-                y[n, m] = L.vec_dot_iq4_nl_q8_0(w[m], a[n], scratch)
+            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+                y[0, m] = L.vec_dot_iq4_nl_q8_0(w[m], a[0], scratch)
+            else:
+                L.rows_dot_iq4_nl_q8_0(y, m, w[m], a)
 
 
 @njit(parallel=True, cache=True)
