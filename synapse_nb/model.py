@@ -197,13 +197,23 @@ class Model:
         """
         from .session import Session
 
-        steps = ["forward (1 token)"]
+        hp = self.hparams
+        s = Session(self, n_ctx=3, n_threads=None, n_batch=2)
+        out = np.empty((1, hp.n_head * hp.head_dim_v), np.float32)
+        q = np.zeros((1, hp.n_head * hp.head_dim_k), np.float32)
+        steps = [
+            ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
+            ("single-token forward (serial kernels)", lambda: s.eval([0])),
+            ("parallel attention", lambda: _attn._attention_par(
+                out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                hp.head_dim_v, self._kq_scale)),
+        ]
+        for i, (name, run) in enumerate(steps):
+            if progress:
+                progress(i, len(steps), name)
+            run()
         if progress:
-            progress(0, len(steps), steps[0])
-        s = Session(self, n_ctx=1, n_threads=None, n_batch=1)
-        s.eval([0])
-        if progress:
-            progress(1, len(steps), "done")
+            progress(len(steps), len(steps), "done")
 
     def _position_inputs(self, st: ForwardState, n_past: int, n: int) -> None:
         """Per-position inputs of the graph: the RoPE cos/sin table and mistral3's q temperature."""

@@ -238,3 +238,12 @@ def test_generate_stops_at_end_of_generation(monkeypatch):
     assert got[-1] == eos and len(got) == 4 and seen == got[:-1]
     got = m.new_session(n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
     assert len(got) == 10 and got[3:] == [eos] * 7
+
+
+def test_warmup_reports_progress_and_leaves_no_state():
+    m = model("tiny-llama-hd128-q4_k_m")
+    calls = []
+    m.warmup(progress=lambda done, total, name: calls.append((done, total, name)))
+    assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] == len(calls) - 1
+    s = m.new_session(n_ctx=16)
+    assert s.n_past == 0
