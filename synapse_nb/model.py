@@ -119,6 +119,8 @@ class KVCache:
 
     k: uint16 (F16 bits) [n_layer, n_ctx, n_head_kv * head_dim_k], one row per position;
     v: uint16 (F16 bits) [n_layer, n_head_kv * head_dim_v, n_ctx], transposed (v_trans).
+    kf, vf: float32 copies of the same F16 values (same shapes), written once per token by
+    store_kv and read by the attention, so that no cached F16 is expanded again per step.
     Zero-initialised, like llama.cpp's buffer clear.
     """
 
@@ -126,6 +128,8 @@ class KVCache:
         self.n_ctx = n_ctx
         self.k = np.zeros((hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_k), np.uint16)
         self.v = np.zeros((hp.n_layer, hp.n_head_kv * hp.head_dim_v, n_ctx), np.uint16)
+        self.kf = np.zeros(self.k.shape, np.float32)
+        self.vf = np.zeros(self.v.shape, np.float32)
 
 
 class ForwardState:
@@ -205,7 +209,7 @@ class Model:
             ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
             ("single-token forward (serial kernels)", lambda: s.eval([0])),
             ("parallel attention", lambda: _attn._attention_par(
-                out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                out, q, s.cache.kf[0], s.cache.vf[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                 hp.head_dim_v, self._kq_scale)),
         ]
         for i, (name, run) in enumerate(steps):
@@ -274,9 +278,9 @@ class Model:
             if hp.attn_temp_scale != 0.0:
                 q *= st.temp[:n]
             # Append k, v to this layer's cache as F16 (V transposed)
-            _attn.store_kv(cache.k[il], cache.v[il], k, v, n_past)
+            _attn.store_kv(cache.k[il], cache.v[il], cache.kf[il], cache.vf[il], k, v, n_past)
             # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-            _attn.attention_rows(attn, q, cache.k[il], cache.v[il], n_past, hp.n_head, hp.n_head_kv,
+            _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], n_past, hp.n_head, hp.n_head_kv,
                                  hp.head_dim_k, hp.head_dim_v, self._kq_scale)
             # Output projection (+ bias)
             matmul(L.wo, attn, out=o)

@@ -2,7 +2,9 @@
 
 The cache layout is llama.cpp's (llama-kv-cache.cpp, v_trans = true without flash attention):
 K of one layer is uint16 F16 bits [n_ctx, n_head_kv * head_dim_k] (one row per position), V is
-stored transposed, uint16 [n_head_kv * head_dim_v, n_ctx] (one row per channel).
+stored transposed, uint16 [n_head_kv * head_dim_v, n_ctx] (one row per channel). Beside it the
+session keeps the same values expanded to float32 (exact), written once by store_kv, which is
+what attention_rows reads.
 
 For query position p the reference graph (llama-graph.cpp build_attn_mha) computes
   kq  = mul_mat(K, q)      q converted to F16 (ggml_cpu_fp32_to_fp16), then ggml_vec_dot_f16
@@ -25,7 +27,7 @@ past the last full 64-step are added one by one in double; the result is rounded
 import numpy as np
 from numba import njit, prange
 
-from .common import F16_TO_F32_TABLE, f32_bits, f32_to_f16_bits, fma32, reduce_add_16
+from .common import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, reduce_add_16
 from .ops import v_expf
 
 _F32 = np.float32
@@ -34,7 +36,7 @@ _F32 = np.float32
 @njit(cache=True, inline="always")
 def _f16_round(x):
     """float32 -> nearest F16 value, returned as float32 (GGML_CPU_FP32_TO_FP16 then back)."""
-    return F16_TO_F32_TABLE[f32_to_f16_bits(x, f32_bits(x))]
+    return f16_to_f32(f32_to_f16_bits(x, f32_bits(x)))
 
 
 @njit(cache=True, inline="always")
@@ -48,38 +50,43 @@ def _reduce_4x16(acc, lanes):
 
 
 @njit(cache=True, inline="always")
-def _store_row(k_cache, v_cache, k, v, pos0, t):
+def _store_row(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0, t):
     p = pos0 + t
     for i in range(k.shape[1]):
         x = k[t, i]
-        k_cache[p, i] = f32_to_f16_bits(x, f32_bits(x))
+        b = f32_to_f16_bits(x, f32_bits(x))
+        k_cache[p, i] = b
+        kf_cache[p, i] = f16_to_f32(b)
     for i in range(v.shape[1]):
         x = v[t, i]
-        v_cache[i, p] = f32_to_f16_bits(x, f32_bits(x))
+        b = f32_to_f16_bits(x, f32_bits(x))
+        v_cache[i, p] = b
+        vf_cache[i, p] = f16_to_f32(b)
 
 
 @njit(cache=True)
-def _store_kv(k_cache, v_cache, k, v, pos0):
+def _store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
     for t in range(k.shape[0]):
-        _store_row(k_cache, v_cache, k, v, pos0, t)
+        _store_row(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0, t)
 
 
-def store_kv(k_cache, v_cache, k, v, pos0):
+def store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
     """Append rows to one layer's cache as F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
 
-    k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed);
+    k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed): the F16
+    cache. kf_cache, vf_cache: float32, same shapes: the same F16 values expanded to float
+    (exact), which the attention reads so that no F16 is converted twice.
     k: float32 [N, n_embd_k]; v: float32 [N, n_embd_v]; row t goes to position pos0 + t.
     The caller guarantees pos0 + N <= n_ctx.
     """
-    _store_kv(k_cache, v_cache, k, v, pos0)
+    _store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0)
 
 
 @njit(cache=True, inline="always")
-def _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
+def _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
     """Attention of the query heads sharing KV head kvh, for row t (tg = t * n_head_kv + kvh).
 
-    The group's K rows and V^T rows 0..p are expanded from F16 to float once (exact) and reused
-    by its n_head / n_head_kv query heads.
+    kf, vf: one layer's K and V^T cache as float32 (F16 values expanded exactly).
     """
     gqa = n_head // n_head_kv
     t = tg // n_head_kv
@@ -93,14 +100,6 @@ def _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k,
     lanes = np.empty(16, np.float32)
     qh = np.empty(head_dim_k, np.float32)
     w = np.empty(n_kv16, np.float32)
-    kf = np.empty((n_kv, head_dim_k), np.float32)
-    vf = np.empty((head_dim_v, n_kv), np.float32)
-    for j in range(n_kv):
-        for i in range(head_dim_k):
-            kf[j, i] = F16_TO_F32_TABLE[k_cache[j, k0 + i]]
-    for d in range(head_dim_v):
-        for j in range(n_kv):
-            vf[d, j] = F16_TO_F32_TABLE[v_cache[v0 + d, j]]
     hd64 = head_dim_k - head_dim_k % 64
     n64 = n_kv - n_kv % 64
     for hh in range(gqa):
@@ -115,10 +114,10 @@ def _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k,
                 acc[l] = _F32(0.0)
             for i in range(0, hd64, 64):
                 for l in range(64):
-                    acc[l] = fma32(kf[j, i + l], qh[i + l], acc[l])
+                    acc[l] = fma32(kf[j, k0 + i + l], qh[i + l], acc[l])
             sd = np.float64(_reduce_4x16(acc, lanes))
             for i in range(hd64, head_dim_k):
-                sd += np.float64(kf[j, i] * qh[i])
+                sd += np.float64(kf[j, k0 + i] * qh[i])
             s = _F32(sd) * kq_scale
             w[j] = s
             mx = max(mx, s)
@@ -145,22 +144,22 @@ def _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k,
                 acc[l] = _F32(0.0)
             for i in range(0, n64, 64):
                 for l in range(64):
-                    acc[l] = fma32(vf[d, i + l], w[i + l], acc[l])
+                    acc[l] = fma32(vf[v0 + d, i + l], w[i + l], acc[l])
             for l in range(n_kv - n64):
-                acc[l] = fma32(vf[d, n64 + l], w[n64 + l], acc[l])
+                acc[l] = fma32(vf[v0 + d, n64 + l], w[n64 + l], acc[l])
             out[t, o0 + d] = _reduce_4x16(acc, lanes)
 
 
 @njit(cache=True, parallel=True)
-def _attention_par(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_par(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     for tg in prange(q.shape[0] * n_head_kv):
-        _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
+        _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
 
 
 @njit(cache=True)
-def _attention_ser(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_ser(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     for tg in range(q.shape[0] * n_head_kv):
-        _attend_group(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
+        _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
 
 
 # Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
@@ -168,11 +167,12 @@ def _attention_ser(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k
 PARALLEL_MIN_WORK = 1 << 17
 
 
-def attention_rows(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def attention_rows(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
     out: float32 [N, n_head * head_dim_v]; q: float32 [N, n_head * head_dim_k] (after RoPE);
-    k_cache, v_cache: one layer's cache (see module doc), holding positions 0..pos0+N-1;
+    kf, vf: one layer's K [n_ctx, n_embd_k] and V^T [n_embd_v, n_ctx] cache as float32 (the F16
+    values, see store_kv), holding positions 0..pos0+N-1;
     kq_scale: float32 (1/sqrt(head_dim)). Query head h reads KV head h // (n_head / n_head_kv).
     Each (row, head) is computed by one thread in a fixed order: results do not depend on the
     thread count, and row t equals a one-row call at position pos0 + t bit for bit.
@@ -181,4 +181,4 @@ def attention_rows(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k
     n = q.shape[0]
     work = n * n_head * (pos0 + n) * (head_dim_k + head_dim_v)
     fn = _attention_par if work >= PARALLEL_MIN_WORK else _attention_ser
-    fn(out, q, k_cache, v_cache, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale))
+    fn(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale))
