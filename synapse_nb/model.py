@@ -236,13 +236,15 @@ class Model:
                 st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
 
     def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,
-                all_logits: bool) -> np.ndarray:
+                all_logits: bool, want_logits: bool = True) -> np.ndarray | None:
         """Run the graph on tokens at positions n_past.., appending their K/V to the cache.
 
         tokens: int64 [n], 1 <= n <= st.n_batch, ids in [0, n_vocab); n_past + n <= cache.n_ctx
         (the Session checks both). Returns float32 logits [n, n_vocab] when all_logits, else
         [1, n_vocab] for the last token (llama.cpp without an output mask computes the last
-        layer's FFN and the head for the output rows only; the values are the same).
+        layer's FFN and the head for the output rows only; the values are the same). With
+        want_logits=False (a prefill batch whose logits nobody reads) the last layer stops once
+        its K/V are cached and None is returned.
         """
         hp = self.hparams
         W = self.weights
@@ -279,6 +281,8 @@ class Model:
                 q *= st.temp[:n]
             # Append k, v to this layer's cache as F16 (V transposed)
             _attn.store_kv(cache.k[il], cache.v[il], cache.kf[il], cache.vf[il], k, v, n_past)
+            if il == hp.n_layer - 1 and not want_logits:
+                return None  # the cache is complete; nothing after this feeds it
             # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
             _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], n_past, hp.n_head, hp.n_head_kv,
                                  hp.head_dim_k, hp.head_dim_v, self._kq_scale)

@@ -83,7 +83,8 @@ class Session:
         for b0 in range(0, n, self.n_batch):
             batch = ids[b0:b0 + self.n_batch]
             want = all_logits or b0 + len(batch) == n
-            logits = self.model.forward(self.state, self.cache, batch, self._n_past, all_logits=all_logits)
+            logits = self.model.forward(self.state, self.cache, batch, self._n_past, all_logits=all_logits,
+                                        want_logits=want)
             self._n_past += len(batch)
             if all_logits:
                 out[b0:b0 + len(batch)] = logits

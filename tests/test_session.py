@@ -84,8 +84,8 @@ def test_prefill_check_reports_logit_difference(monkeypatch):
     m = model("tiny-llama-f32")
     real = type(m).forward
 
-    def perturbed(self, st, cache, tokens, n_past, all_logits):
-        out = real(self, st, cache, tokens, n_past, all_logits)
+    def perturbed(self, st, cache, tokens, n_past, all_logits, want_logits=True):
+        out = real(self, st, cache, tokens, n_past, all_logits, want_logits)
         if len(tokens) > 1:  # only the batched run: move row 1, logit 5 by one ulp
             out[1, 5] = np.nextafter(out[1, 5], np.float32(np.inf))
         return out
@@ -101,8 +101,8 @@ def test_prefill_check_reports_cache_difference(monkeypatch):
     m = model("tiny-llama-f32")
     real = type(m).forward
 
-    def perturbed(self, st, cache, tokens, n_past, all_logits):
-        out = real(self, st, cache, tokens, n_past, all_logits)
+    def perturbed(self, st, cache, tokens, n_past, all_logits, want_logits=True):
+        out = real(self, st, cache, tokens, n_past, all_logits, want_logits)
         if len(tokens) > 1:  # only the batched run: flip one V entry of layer 1, position 3
             cache.v[1, 7, 3] ^= np.uint16(1)
         return out
@@ -127,11 +127,14 @@ def test_eval_shapes_and_n_past():
 
 
 def test_last_row_equals_all_logits_last_row():
+    # 100 tokens: the first batch of 64 computes no logits at all, the second only its last row
     m = model("tiny-llama-q4_k")
     toks = prompt(100, seed=3)
-    a = m.new_session(n_ctx=128).eval(toks)
-    b = m.new_session(n_ctx=128).eval(toks, all_logits=True)
+    sa, sb = m.new_session(n_ctx=128), m.new_session(n_ctx=128)
+    a = sa.eval(toks)
+    b = sb.eval(toks, all_logits=True)
     assert np.array_equal(a.view(np.uint32), b[-1].view(np.uint32))
+    assert np.array_equal(sa.cache.k, sb.cache.k) and np.array_equal(sa.cache.v, sb.cache.v)
 
 
 def test_default_n_ctx():
