@@ -281,18 +281,22 @@ class Model:
                 q *= st.temp[:n]
             # Append k, v to this layer's cache as F16 (V transposed)
             _attn.store_kv(cache.k[il], cache.v[il], cache.kf[il], cache.vf[il], k, v, n_past)
-            if il == hp.n_layer - 1 and not want_logits:
-                return None  # the cache is complete; nothing after this feeds it
+            pos_q = n_past
+            if il == hp.n_layer - 1:
+                if not want_logits:
+                    return None  # the cache is complete; nothing after this feeds it
+                if not all_logits and n > 1:
+                    # Last layer: only the row that produces logits goes on (llama.cpp's
+                    # ggml_get_rows on inp_out_ids; rows are independent, values unchanged)
+                    q, attn, x, h, o, gate, up, act = (a[-1:] for a in (q, attn, x, h, o, gate, up, act))
+                    pos_q = n_past + n - 1
             # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-            _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], n_past, hp.n_head, hp.n_head_kv,
+            _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], pos_q, hp.n_head, hp.n_head_kv,
                                  hp.head_dim_k, hp.head_dim_v, self._kq_scale)
             # Output projection (+ bias)
             matmul(L.wo, attn, out=o)
             if L.bo is not None:
                 o += L.bo
-            # Last layer: only the rows that produce logits go on (ggml_get_rows on inp_out_ids)
-            if il == hp.n_layer - 1 and not all_logits and n > 1:
-                x, h, o, gate, up, act = x[-1:], h[-1:], o[-1:], gate[-1:], up[-1:], act[-1:]
             # Residual: ffn_inp = attn_out + x
             x += o
             # FFN RMSNorm
