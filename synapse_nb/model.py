@@ -119,8 +119,9 @@ class KVCache:
 
     k: uint16 (F16 bits) [n_layer, n_ctx, n_head_kv * head_dim_k], one row per position;
     v: uint16 (F16 bits) [n_layer, n_head_kv * head_dim_v, n_ctx], transposed (v_trans).
-    kf, vf: float32 copies of the same F16 values (same shapes), written once per token by
-    store_kv and read by the attention, so that no cached F16 is expanded again per step.
+    kf: float32 [n_layer, n_head_kv * head_dim_k, n_ctx] and vf: float32 [n_layer, n_ctx,
+    n_head_kv * head_dim_v]: the same F16 values expanded to float (exact), in the layouts the
+    attention's loops want; written once per token by store_kv, so no F16 is expanded twice.
     Zero-initialised, like llama.cpp's buffer clear.
     """
 
@@ -128,8 +129,8 @@ class KVCache:
         self.n_ctx = n_ctx
         self.k = np.zeros((hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_k), np.uint16)
         self.v = np.zeros((hp.n_layer, hp.n_head_kv * hp.head_dim_v, n_ctx), np.uint16)
-        self.kf = np.zeros(self.k.shape, np.float32)
-        self.vf = np.zeros(self.v.shape, np.float32)
+        self.kf = np.zeros((hp.n_layer, hp.n_head_kv * hp.head_dim_k, n_ctx), np.float32)
+        self.vf = np.zeros((hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_v), np.float32)
 
 
 class ForwardState:

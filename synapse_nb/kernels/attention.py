@@ -40,28 +40,18 @@ def _f16_round(x):
 
 
 @njit(cache=True, inline="always")
-def _reduce_4x16(acc, lanes):
-    """GGML_F32x16_REDUCE of acc[0:64] (four 16-lane vectors) into float; lanes: float32[16] scratch."""
-    for l in range(16):
-        a0 = acc[l] + acc[32 + l]
-        a1 = acc[16 + l] + acc[48 + l]
-        lanes[l] = a0 + a1
-    return reduce_add_16(lanes)
-
-
-@njit(cache=True, inline="always")
 def _store_row(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0, t):
     p = pos0 + t
     for i in range(k.shape[1]):
         x = k[t, i]
         b = f32_to_f16_bits(x, f32_bits(x))
         k_cache[p, i] = b
-        kf_cache[p, i] = f16_to_f32(b)
+        kf_cache[i, p] = f16_to_f32(b)
     for i in range(v.shape[1]):
         x = v[t, i]
         b = f32_to_f16_bits(x, f32_bits(x))
         v_cache[i, p] = b
-        vf_cache[i, p] = f16_to_f32(b)
+        vf_cache[p, i] = f16_to_f32(b)
 
 
 @njit(cache=True)
@@ -74,8 +64,9 @@ def store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
     """Append rows to one layer's cache as F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
 
     k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed): the F16
-    cache. kf_cache, vf_cache: float32, same shapes: the same F16 values expanded to float
-    (exact), which the attention reads so that no F16 is converted twice.
+    cache. kf_cache: float32 [n_embd_k, n_ctx], vf_cache: float32 [n_ctx, n_embd_v]: the same
+    F16 values expanded to float (exact), laid out for the attention's loops (the transposes of
+    the F16 layouts), so that no F16 is converted twice.
     k: float32 [N, n_embd_k]; v: float32 [N, n_embd_v]; row t goes to position pos0 + t.
     The caller guarantees pos0 + N <= n_ctx.
     """
@@ -83,10 +74,14 @@ def store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
 
 
 @njit(cache=True, inline="always")
-def _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
+def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
     """Attention of the query heads sharing KV head kvh, for row t (tg = t * n_head_kv + kvh).
 
-    kf, vf: one layer's K and V^T cache as float32 (F16 values expanded exactly).
+    kT: one layer's K cache as float32 [n_embd_k, n_ctx]; vf: its V cache as float32
+    [n_ctx, n_embd_v]. The 64 lane accumulators of ggml_vec_dot_f16 are kept for all cache
+    positions (q.k) or all channels (p.V) at once, so that the innermost loops run over
+    positions or channels (long, contiguous) while every lane sees ggml's operations in ggml's
+    order.
     """
     gqa = n_head // n_head_kv
     t = tg // n_head_kv
@@ -96,29 +91,49 @@ def _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_
     n_kv16 = (n_kv + 15) // 16 * 16
     k0 = kvh * head_dim_k
     v0 = kvh * head_dim_v
-    acc = np.empty(64, np.float32)
+    hd64 = head_dim_k - head_dim_k % 64
+    n64 = n_kv - n_kv % 64
     lanes = np.empty(16, np.float32)
     qh = np.empty(head_dim_k, np.float32)
     w = np.empty(n_kv16, np.float32)
-    hd64 = head_dim_k - head_dim_k % 64
-    n64 = n_kv - n_kv % 64
+    a = np.empty((64, n_kv), np.float32)  # q.k lane accumulators, per position
+    r = np.empty((16, n_kv), np.float32)
+    sd = np.empty(n_kv, np.float64)
+    b = np.empty((64, head_dim_v), np.float32)  # p.V lane accumulators, per channel
+    rv = np.empty((16, head_dim_v), np.float32)
     for hh in range(gqa):
         h = kvh * gqa + hh
         # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
         for i in range(head_dim_k):
             qh[i] = _f16_round(q[t, h * head_dim_k + i])
-        # scores kq[j] = K[j] . q (ggml_vec_dot_f16), scaled (soft_max_ext: ggml_vec_scale_f32, + mask 0)
+        # scores kq[j] = K[j] . q (ggml_vec_dot_f16): lane l of 64 takes dims i + l, by fma
+        for l in range(64):
+            for j in range(n_kv):
+                a[l, j] = _F32(0.0)
+        for i in range(0, hd64, 64):
+            for l in range(64):
+                qv = qh[i + l]
+                for j in range(n_kv):
+                    a[l, j] = fma32(kT[k0 + i + l, j], qv, a[l, j])
+        # GGML_F32x16_REDUCE: (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps
+        for l in range(16):
+            for j in range(n_kv):
+                r[l, j] = (a[l, j] + a[32 + l, j]) + (a[16 + l, j] + a[48 + l, j])
+        for l in range(8):
+            for j in range(n_kv):
+                r[l, j] = r[8 + l, j] + r[l, j]
+        for l in range(4):
+            for j in range(n_kv):
+                r[l, j] = r[4 + l, j] + r[l, j]
+        for j in range(n_kv):
+            sd[j] = np.float64((r[0, j] + r[2, j]) + (r[1, j] + r[3, j]))
+        for i in range(hd64, head_dim_k):  # leftovers, added in double
+            for j in range(n_kv):
+                sd[j] += np.float64(kT[k0 + i, j] * qh[i])
+        # soft_max_ext: scaled (ggml_vec_scale_f32), + mask 0, max
         mx = _F32(-np.inf)
         for j in range(n_kv):
-            for l in range(64):
-                acc[l] = _F32(0.0)
-            for i in range(0, hd64, 64):
-                for l in range(64):
-                    acc[l] = fma32(kf[j, k0 + i + l], qh[i + l], acc[l])
-            sd = np.float64(_reduce_4x16(acc, lanes))
-            for i in range(hd64, head_dim_k):
-                sd += np.float64(kf[j, k0 + i] * qh[i])
-            s = _F32(sd) * kq_scale
+            s = _F32(sd[j]) * kq_scale
             w[j] = s
             mx = max(mx, s)
         # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
@@ -137,17 +152,31 @@ def _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_
         # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
         for j in range(n_kv):
             w[j] = _f16_round(w[j] * inv)
-        # kqv[d] = V^T[d] . p over 64-element steps; cells past p contribute exact zeros
+        # kqv[d] = V^T[d] . p: lane l of 64 takes positions c + l, by fma; cells past p add nothing
+        for l in range(64):
+            for d in range(head_dim_v):
+                b[l, d] = _F32(0.0)
+        for c in range(0, n64, 64):
+            for l in range(64):
+                wl = w[c + l]
+                for d in range(head_dim_v):
+                    b[l, d] = fma32(vf[c + l, v0 + d], wl, b[l, d])
+        for l in range(n_kv - n64):
+            wl = w[n64 + l]
+            for d in range(head_dim_v):
+                b[l, d] = fma32(vf[n64 + l, v0 + d], wl, b[l, d])
+        for l in range(16):
+            for d in range(head_dim_v):
+                rv[l, d] = (b[l, d] + b[32 + l, d]) + (b[16 + l, d] + b[48 + l, d])
+        for l in range(8):
+            for d in range(head_dim_v):
+                rv[l, d] = rv[8 + l, d] + rv[l, d]
+        for l in range(4):
+            for d in range(head_dim_v):
+                rv[l, d] = rv[4 + l, d] + rv[l, d]
         o0 = h * head_dim_v
         for d in range(head_dim_v):
-            for l in range(64):
-                acc[l] = _F32(0.0)
-            for i in range(0, n64, 64):
-                for l in range(64):
-                    acc[l] = fma32(vf[v0 + d, i + l], w[i + l], acc[l])
-            for l in range(n_kv - n64):
-                acc[l] = fma32(vf[v0 + d, n64 + l], w[n64 + l], acc[l])
-            out[t, o0 + d] = _reduce_4x16(acc, lanes)
+            out[t, o0 + d] = (rv[0, d] + rv[2, d]) + (rv[1, d] + rv[3, d])
 
 
 @njit(cache=True, parallel=True)
@@ -171,8 +200,8 @@ def attention_rows(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
     out: float32 [N, n_head * head_dim_v]; q: float32 [N, n_head * head_dim_k] (after RoPE);
-    kf, vf: one layer's K [n_ctx, n_embd_k] and V^T [n_embd_v, n_ctx] cache as float32 (the F16
-    values, see store_kv), holding positions 0..pos0+N-1;
+    kf, vf: one layer's K cache as float32 [n_embd_k, n_ctx] and V cache as float32
+    [n_ctx, n_embd_v] (the F16 values, see store_kv), holding positions 0..pos0+N-1;
     kq_scale: float32 (1/sqrt(head_dim)). Query head h reads KV head h // (n_head / n_head_kv).
     Each (row, head) is computed by one thread in a fixed order: results do not depend on the
     thread count, and row t equals a one-row call at position pos0 + t bit for bit.
