@@ -3,8 +3,8 @@
 The cache layout is llama.cpp's (llama-kv-cache.cpp, v_trans = true without flash attention):
 K of one layer is uint16 F16 bits [n_ctx, n_head_kv * head_dim_k] (one row per position), V is
 stored transposed, uint16 [n_head_kv * head_dim_v, n_ctx] (one row per channel). Beside it the
-session keeps the same values expanded to float32 (exact), written once by store_kv, which is
-what attention_rows reads.
+session keeps the same values expanded to float32 (exact), K as [n_embd_k, n_ctx] and V as
+[n_ctx, n_embd_v], written once by store_kv; that is what attention_rows reads.
 
 For query position p the reference graph (llama-graph.cpp build_attn_mha) computes
   kq  = mul_mat(K, q)      q converted to F16 (ggml_cpu_fp32_to_fp16), then ggml_vec_dot_f16
@@ -203,7 +203,7 @@ def attention_rows(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim
     kf, vf: one layer's K cache as float32 [n_embd_k, n_ctx] and V cache as float32
     [n_ctx, n_embd_v] (the F16 values, see store_kv), holding positions 0..pos0+N-1;
     kq_scale: float32 (1/sqrt(head_dim)). Query head h reads KV head h // (n_head / n_head_kv).
-    Each (row, head) is computed by one thread in a fixed order: results do not depend on the
+    Each (row, KV-head group) is computed by one thread in a fixed order: results do not depend on the
     thread count, and row t equals a one-row call at position pos0 + t bit for bit.
     The caller guarantees the shapes and pos0 + N <= n_ctx.
     """
