@@ -19,10 +19,14 @@ __version__ = "0.1.0"
 
 
 def load_model(path):
-    """Load a GGUF model (path or models.txt name); see synapse_nb.model.load_model."""
-    from .model import load_model as _load
+    """Load a GGUF model given its path or a models.txt name; see synapse_nb.model.load_model.
 
-    return _load(path)
+    Raises SynapseError when the file is missing (or the name not fetched) or unreadable.
+    """
+    from .model import load_model as _load
+    from .models import resolve_model
+
+    return _load(resolve_model(path))
 
 
 def load_tokenizer(path):
