@@ -358,9 +358,12 @@ def quantize_row_q8_K(out, x):
             continue
         iscale = np.float32(-127.0) / vmax
         for j in range(QK_K):
-            # nearest_int: round half to even of the float32 product (|v| <= 127 here)
-            v = np.rint(iscale * x[xo + j])
-            o8[bo + 4 + j] = np.int8(min(np.float32(127.0), v))
+            # ggml's nearest_int: add 1.5 * 2^23 and take the low mantissa bits (round half to
+            # even for |v| < 2^22); done on the bits so that an overflowed iscale (inf or nan
+            # products, max|x| < 3.7e-37) stores what ggml stores: the low byte of MIN(127, v).
+            val = iscale * x[xo + j] + np.float32(12582912.0)
+            v = np.int32(_f32_as_u32(val) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
+            out[bo + 4 + j] = np.uint8(min(np.int32(127), v) & 0xFF)
         d = np.float32(1.0) / iscale
         ud = _f32_as_u32(d)
         for j in range(4):
