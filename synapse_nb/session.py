@@ -8,6 +8,7 @@ logits and cache bits as token-by-token decoding (prefill_check proves it on a p
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numba
@@ -15,6 +16,20 @@ import numpy as np
 
 from .errors import SynapseError
 from .model import DEFAULT_N_BATCH, DEFAULT_N_CTX_MAX, ForwardState, KVCache, Model
+
+
+# How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
+# decode step wait for a descheduled spinner whenever another process holds a core: measured on
+# SmolLM2 with 2 threads and one busy process beside it, 0.3 tok/s by default, 25 tok/s at 1000,
+# 42 tok/s never spinning (OMP_WAIT_POLICY=passive, but that costs 85 -> 31 tok/s on an idle
+# machine, where 1000 costs nothing measurable). Read by libgomp when Numba first launches
+# threads, so it is set before the first kernel runs; the user's own setting wins.
+_GOMP_SPINCOUNT = "1000"
+
+
+def _configure_threads() -> None:
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", _GOMP_SPINCOUNT)
 
 
 class Session:
@@ -39,6 +54,7 @@ class Session:
             if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
                 raise SynapseError(f"{model.path}: n_threads must be a positive integer, got {n_threads!r}")
             n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
+        _configure_threads()
         self.model = model
         self.n_ctx = int(n_ctx)
         self.n_batch = int(min(n_batch, n_ctx))
