@@ -176,13 +176,13 @@ class PrefillCheckResult:
 
 
 def _first_cache_diff(kind: str, a: np.ndarray, b: np.ndarray, transposed: bool):
-    """First differing entry of two [n_layer, ...] F16-bit caches, by layer then position."""
+    """First differing entry of two [n_layer, ...] caches (F16 values as float32), by layer then position."""
     for il in range(a.shape[0]):
         x, y = (a[il].T, b[il].T) if transposed else (a[il], b[il])  # -> [position, channel]
-        diff = np.argwhere(x != y)
+        diff = np.argwhere(x.view(np.uint32) != y.view(np.uint32))
         if diff.size:
             p, c = (int(v) for v in diff[0])
-            fa, fb = np.array([x[p, c], y[p, c]], np.uint16).view(np.float16).astype(np.float32)
+            fa, fb = x[p, c], y[p, c]
             return (kind, il, p, c, float(fa), float(fb))
     return None
 
@@ -210,7 +210,7 @@ def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int
     if neq.any():
         p, i = (int(v) for v in np.argwhere(neq)[0])
         logits_diff = (p, i, float(lb[p, i]), float(ls[p, i]))
-    cache_diff = (_first_cache_diff("K", batched.cache.k[:, :n], single.cache.k[:, :n], False)
-                  or _first_cache_diff("V", batched.cache.v[:, :, :n], single.cache.v[:, :, :n], True))
+    cache_diff = (_first_cache_diff("K", batched.cache.kf[:, :, :n], single.cache.kf[:, :, :n], True)
+                  or _first_cache_diff("V", batched.cache.vf[:, :n], single.cache.vf[:, :n], False))
     return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,
                               logits_diff=logits_diff, cache_diff=cache_diff)

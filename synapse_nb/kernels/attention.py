@@ -1,10 +1,9 @@
 """Numba kernels for attention over an F16 KV cache, as llama.cpp runs it with flash attention off.
 
-The cache layout is llama.cpp's (llama-kv-cache.cpp, v_trans = true without flash attention):
-K of one layer is uint16 F16 bits [n_ctx, n_head_kv * head_dim_k] (one row per position), V is
-stored transposed, uint16 [n_head_kv * head_dim_v, n_ctx] (one row per channel). Beside it the
-session keeps the same values expanded to float32 (exact), K as [n_embd_k, n_ctx] and V as
-[n_ctx, n_embd_v], written once by store_kv; that is what attention_rows reads.
+The cache holds what llama.cpp's F16 cache holds (llama-kv-cache.cpp): every K and V entry
+rounded to F16 when it is stored. The values are kept expanded to float32 (exact), K as
+[n_embd_k, n_ctx] and V as [n_ctx, n_embd_v], the layouts attention_rows' loops want, so no F16
+is converted twice; a separate copy in F16 bits would only add memory.
 
 For query position p the reference graph (llama-graph.cpp build_attn_mha) computes
   kq  = mul_mat(K, q)      q converted to F16 (ggml_cpu_fp32_to_fp16), then ggml_vec_dot_f16
@@ -40,37 +39,29 @@ def _f16_round(x):
 
 
 @njit(cache=True, inline="always")
-def _store_row(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0, t):
+def _store_row(kf_cache, vf_cache, k, v, pos0, t):
     p = pos0 + t
     for i in range(k.shape[1]):
-        x = k[t, i]
-        b = f32_to_f16_bits(x, f32_bits(x))
-        k_cache[p, i] = b
-        kf_cache[i, p] = f16_to_f32(b)
+        kf_cache[i, p] = _f16_round(k[t, i])
     for i in range(v.shape[1]):
-        x = v[t, i]
-        b = f32_to_f16_bits(x, f32_bits(x))
-        v_cache[i, p] = b
-        vf_cache[p, i] = f16_to_f32(b)
+        vf_cache[p, i] = _f16_round(v[t, i])
 
 
 @njit(cache=True)
-def _store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
+def _store_kv(kf_cache, vf_cache, k, v, pos0):
     for t in range(k.shape[0]):
-        _store_row(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0, t)
+        _store_row(kf_cache, vf_cache, k, v, pos0, t)
 
 
-def store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0):
-    """Append rows to one layer's cache as F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
+def store_kv(kf_cache, vf_cache, k, v, pos0):
+    """Append rows to one layer's cache, rounded to F16 (ggml_set_rows with ggml_cpu_fp32_to_fp16).
 
-    k_cache: uint16 [n_ctx, n_embd_k]; v_cache: uint16 [n_embd_v, n_ctx] (transposed): the F16
-    cache. kf_cache: float32 [n_embd_k, n_ctx], vf_cache: float32 [n_ctx, n_embd_v]: the same
-    F16 values expanded to float (exact), laid out for the attention's loops (the transposes of
-    the F16 layouts), so that no F16 is converted twice.
+    kf_cache: float32 [n_embd_k, n_ctx], vf_cache: float32 [n_ctx, n_embd_v]: the F16 values
+    expanded to float (exact), laid out for the attention's loops.
     k: float32 [N, n_embd_k]; v: float32 [N, n_embd_v]; row t goes to position pos0 + t.
     The caller guarantees pos0 + N <= n_ctx.
     """
-    _store_kv(k_cache, v_cache, kf_cache, vf_cache, k, v, pos0)
+    _store_kv(kf_cache, vf_cache, k, v, pos0)
 
 
 @njit(cache=True, inline="always")
