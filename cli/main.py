@@ -7,8 +7,10 @@ Exit status: 0 success, 1 internal error, 2 bad input, 130 interrupted.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import sys
 import time
 
@@ -26,14 +28,34 @@ def _log(msg: str, end: str = "\n") -> None:
     sys.stderr.flush()
 
 
+def _one_line(msg: str, limit: int = 500) -> str:
+    """An error message as one printable line: control characters (a newline in a file name, a
+    corrupted key swallowing binary bytes) escaped, and at most `limit` characters."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 def _parse_token_list(text: str) -> list[int]:
+    # ids separated by commas and/or whitespace; "1 2" is two ids, never 12
     try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+        ids = [int(t) for t in re.split(r"[,\s]+", text) if t != ""]
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
     if not ids:
         raise click.BadParameter("empty token list", param_hint="--tokens")
     return ids
+
+
+def _decode_utf8(data: bytes, what: str) -> str:
+    """The prompt bytes as text; invalid UTF-8 is an error naming the source and the byte offset
+    (not silently replaced: the model would see U+FFFD where the user meant something else)."""
+    from synapse_nb import SynapseError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SynapseError(f"{what}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}: {e.reason})") \
+            from None
 
 
 def _read_prompt(prompt: str | None, file: str | None) -> str:
@@ -42,12 +64,21 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
     if file is not None:
         try:
             with open(file, "rb") as f:
-                return f.read().decode("utf-8", errors="replace")
+                data = f.read()
         except OSError as e:
             raise click.BadParameter(f"{file}: {e.strerror}", param_hint="-f/--file")
+        return _decode_utf8(data, f"-f/--file {file}")
     if prompt == "-":
-        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        return _decode_utf8(sys.stdin.buffer.read(), "standard input")
     return prompt if prompt is not None else ""
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM (sysconf); a large number when unknown, so that nothing is refused for it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 class _Compiling:
@@ -89,9 +120,14 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         raise click.BadParameter("must end in .npy", param_hint="--logits-out")
     if logits_out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(logits_out))):
         raise click.BadParameter(f"{logits_out}: no such directory", param_hint="--logits-out")
+    if ctx_size is not None and ctx_size < 1:
+        raise click.BadParameter("must be >= 1", param_hint="-c/--ctx-size")
 
     t_start = time.perf_counter()
     path = resolve_model(model_arg)
+    if logits_out is not None:
+        # Checked before any work: the output never replaces an input or an existing file.
+        _check_output(logits_out, inputs=(str(path), file))
     model = load_model(path)
     tok = model.tokenizer
     t_loaded = time.perf_counter()
@@ -119,11 +155,24 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         raise SynapseError("the prompt is empty (no tokens to evaluate)")
 
     n_threads = threads or os.cpu_count() or 1
-    session = model.new_session(n_ctx=ctx_size, n_threads=n_threads, n_batch=batch_size)
+    hp = model.hparams
+    n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
     need = len(prompt_ids) + (0 if prefill_check else n_predict)
-    if need > session.n_ctx:
+    if need > n_ctx:  # before the KV cache is allocated
         raise SynapseError(f"prompt ({len(prompt_ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the "
-                           f"context size n_ctx = {session.n_ctx}; raise -c/--ctx-size or shorten the prompt")
+                           f"context size n_ctx = {n_ctx}; raise -c/--ctx-size or shorten the prompt")
+    # KV cache: F16 bits + float32 copies of K and V, per layer and position
+    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * (2 + 4)
+    if kv_bytes > _physical_memory():
+        raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
+                           f"this machine's memory; use a smaller context")
+    if n_ctx > hp.n_ctx_train:
+        _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
+    try:
+        session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+    except MemoryError as e:  # numpy: "Unable to allocate ..."
+        raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): "
+                           f"{e}; use a smaller context") from None
 
     progress = _Compiling(verbose)
     t_c = time.perf_counter()
@@ -134,7 +183,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if prefill_check:
         from synapse_nb.session import prefill_check as _check
 
-        result = _check(model, prompt_ids, n_ctx=session.n_ctx, n_threads=n_threads, n_batch=batch_size)
+        del session  # prefill_check makes its own two sessions
+        result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
         click.echo(str(result))
         return 0 if result.ok else 1
 
@@ -179,7 +229,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         out.flush()
 
     if want_rows:
-        _save_npy(logits_out, np.concatenate(rows, axis=0).astype(np.float32), inputs=(str(path), file))
+        _save_npy(logits_out, np.concatenate(rows, axis=0).astype(np.float32))
 
     prompt_ms = 1e3 * (t_p1 - t_p0)
     eval_ms = 1e3 * (t_e1 - t_e0)
@@ -212,23 +262,38 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     return EXIT_INTERRUPTED if stop == "interrupted" else 0
 
 
-def _save_npy(dest: str, array, inputs) -> None:
-    """Write ``array`` to ``dest`` atomically (temp file + rename); never onto an input file."""
-    import numpy as np
-
+def _check_output(dest: str, inputs) -> None:
+    """--logits-out must not be an input (the model, the -f prompt file) nor any existing file."""
     from synapse_nb import SynapseError
 
     real = os.path.realpath(dest)
     if any(p is not None and os.path.exists(p) and os.path.realpath(p) == real for p in inputs):
         raise SynapseError(f"--logits-out {dest} is one of the inputs; it is not overwritten")
+    if os.path.lexists(dest):
+        raise SynapseError(f"--logits-out {dest} already exists; it is not overwritten (remove it or choose "
+                           f"another name)")
+
+
+def _save_npy(dest: str, array) -> None:
+    """Write ``array`` to ``dest`` atomically (temp file + link); never replaces an existing file."""
+    import numpy as np
+
+    from synapse_nb import SynapseError
+
     tmp = f"{dest}.tmp{os.getpid()}.npy"
     try:
         np.save(tmp, array)
-        os.replace(tmp, dest)
+        try:
+            os.link(tmp, dest)  # fails if dest appeared meanwhile, unlike os.replace
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or os.path.lexists(dest):
+                raise
+            os.replace(tmp, dest)  # a file system without hard links
     except OSError as e:
+        raise SynapseError(f"--logits-out {dest}: {e.strerror}") from None
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise SynapseError(f"--logits-out {dest}: {e.strerror}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -268,6 +333,13 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
     """
     from synapse_nb import SynapseError
 
+    import warnings
+
+    def _warn(message, category, filename, lineno, file=None, line=None):
+        # numpy RuntimeWarnings (a corrupt file's NaN scores, inf weights): one line, not two
+        _log(_one_line(f"warning: {category.__name__}: {message}"))
+
+    warnings.showwarning = _warn
     try:
         code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                     no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose)
@@ -278,7 +350,7 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
             import traceback
 
             traceback.print_exc()
-        _log(f"error: {e}")
+        _log(_one_line(f"error: {e}"))
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         _log("interrupted")
@@ -294,14 +366,26 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
             import traceback
 
             traceback.print_exc()
-        _log(f"internal error: {type(e).__name__}: {e}")
+        _log(_one_line(f"internal error: {type(e).__name__}: {e}"))
         sys.exit(EXIT_INTERNAL)
     sys.exit(code)
 
 
 def main() -> None:
-    """Console-script entry point of llama-decode."""
-    llama_decode(prog_name="llama-decode")
+    """Console-script entry point of llama-decode.
+
+    Option errors are one line on stderr ("error: Invalid value for ...") with exit status 2,
+    not click's three-line usage block; Ctrl-C while click parses exits 130.
+    """
+    try:
+        code = llama_decode.main(prog_name="llama-decode", standalone_mode=False)
+    except click.ClickException as e:
+        _log(_one_line(f"error: {e.format_message()} (see llama-decode --help)"))
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        _log("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,14 @@ _NUMERIC = {t: np.dtype("<" + f) for t, f in _FORMAT.items()}
 _SCALAR = {t: struct.Struct("<" + f) for t, f in _FORMAT.items()}
 
 
+def _show(s: str) -> str:
+    """A key or tensor name as it may appear in a one-line error: as is when short and printable,
+    else repr() of its first 60 characters (a corrupted length can swallow control bytes and newlines)."""
+    if len(s) <= 80 and s.isprintable():
+        return s
+    return repr(s[:60]) + ("..." if len(s) > 60 else "")
+
+
 class _Truncated(Exception):
     """Raised inside the parser when a read runs past the end of the file."""
 
@@ -184,7 +192,7 @@ class _Reader:
                 pos += 8
                 out[i] = str(mv[pos : pos + ln], "utf-8", "surrogateescape")
                 pos += ln
-        except struct.error:
+        except (struct.error, OverflowError):  # OverflowError: a length >= 2**63 in the slice
             raise _Truncated from None
         if pos > self.size:
             raise _Truncated
@@ -278,9 +286,9 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
         if not key:
             raise SynapseError(f"{path}: key {i} is empty")
         if key in kv:
-            raise SynapseError(f"{path}: duplicate key {key}")
-        vtype = _value_type(r.take(_U32), f"{path}: key {key}")
-        kv[key], etype = _read_value(r, vtype, f"{path}: key {key}")
+            raise SynapseError(f"{path}: duplicate key {_show(key)}")
+        vtype = _value_type(r.take(_U32), f"{path}: key {_show(key)}")
+        kv[key], etype = _read_value(r, vtype, f"{path}: key {_show(key)}")
         kv_types[key] = (vtype, etype)
 
     alignment = GGUF_DEFAULT_ALIGNMENT
@@ -293,14 +301,14 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     names = set()
     for _ in range(n_tensors):
         name = r.string()
-        if name in names:
-            raise SynapseError(f"{path}: duplicate tensor name {name}")
-        names.add(name)
         if len(name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
-            raise SynapseError(f"{path}: tensor name {name[:80]!r} is {GGML_MAX_NAME} bytes or longer")
+            raise SynapseError(f"{path}: tensor name {_show(name)} is {GGML_MAX_NAME} bytes or longer")
+        if name in names:
+            raise SynapseError(f"{path}: duplicate tensor name {_show(name)}")
+        names.add(name)
         n_dims = r.take(_U32)
         if n_dims > GGML_MAX_DIMS:
-            raise SynapseError(f"{path}: tensor {name} has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+            raise SynapseError(f"{path}: tensor {_show(name)} has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
         ne = [r.take(_U64) for _ in range(n_dims)]
         raw_type = r.take(_U32)
         offset = r.take(_U64)
@@ -308,16 +316,16 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
             ggml_type = GGMLQuantizationType(raw_type)
             block, type_size = GGML_QUANT_SIZES[ggml_type]
         except (ValueError, KeyError):
-            raise SynapseError(f"{path}: tensor {name} has unknown ggml type id {raw_type}") from None
+            raise SynapseError(f"{path}: tensor {_show(name)} has unknown ggml type id {raw_type}") from None
         if any(d >= 1 << 63 for d in ne):
-            raise SynapseError(f"{path}: tensor {name} has a negative dimension {ne}")
+            raise SynapseError(f"{path}: tensor {_show(name)} has a negative dimension {ne}")
         if ne and ne[0] % block:
             raise SynapseError(
-                f"{path}: tensor {name} of type {ggml_type.name} has rows of {ne[0]} elements, "
+                f"{path}: tensor {_show(name)} of type {ggml_type.name} has rows of {ne[0]} elements, "
                 f"not a multiple of the block size {block}"
             )
         if offset % alignment:
-            raise SynapseError(f"{path}: tensor {name} data offset {offset} is not a multiple of the alignment {alignment}")
+            raise SynapseError(f"{path}: tensor {_show(name)} data offset {offset} is not a multiple of the alignment {alignment}")
         n_elements = int(np.prod(ne, dtype=object)) if ne else 1
         table.append((name, ggml_type, tuple(reversed(ne)), offset, n_elements // block * type_size))
 
@@ -330,7 +338,7 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
         start = data_offset + offset
         if start + n_bytes > r.size:
             raise SynapseError(
-                f"{path}: tensor {name} data ({n_bytes} bytes at offset {start}) runs past the end of the file "
+                f"{path}: tensor {_show(name)} data ({n_bytes} bytes at offset {start}) runs past the end of the file "
                 f"({r.size} bytes): truncated file?"
             )
         tensors[name] = TensorInfo(name, ggml_type, shape, start, buf[start : start + n_bytes])

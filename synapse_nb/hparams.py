@@ -28,6 +28,13 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cp
 
 _REQUIRED = object()
 
+# ggml types the kernels can multiply / look up (synapse_nb.kernels.supported_types(); a test keeps
+# the two equal). Listed here so that a file is refused when loaded, naming file, tensor and type,
+# not at the first forward. 1-D tensors (norms, biases, rope_freqs) are read as F32 or F16.
+WEIGHT_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                          "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
+VECTOR_TYPES = frozenset({"F32", "F16"})
+
 
 @dataclass(frozen=True)
 class HParams:
@@ -147,6 +154,15 @@ class HParams:
                      (Keys.LLM.FEED_FORWARD_LENGTH, n_ff), (Keys.LLM.CONTEXT_LENGTH, n_ctx_train)):
             if v <= 0:
                 raise SynapseError(f"{g.path}: key {k.format(arch=arch)} must be positive, got {v}")
+        # Before anything loops over the layers: a corrupt block_count (2**31) must not build a
+        # table of billions of tensor names. Each layer has at least 9 tensors, plus 2 global ones.
+        n_min = 9 * n_layer + 2
+        if len(g.tensors) < n_min:
+            raise SynapseError(
+                f"{g.path}: key {Keys.LLM.BLOCK_COUNT.format(arch=arch)} = {n_layer} needs at least {n_min} "
+                f"tensors, the file has {len(g.tensors)}"
+                + (" (a vocabulary-only GGUF, not a model)" if not g.tensors else "")
+            )
         if n_head % n_head_kv:
             raise SynapseError(f"{g.path}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
         head_dim_k = key.integer(Keys.Attention.KEY_LENGTH, n_embd // n_head)
@@ -318,7 +334,8 @@ def validate_tensors(g: GGUFFile, hp: HParams) -> None:
     ffn_gate/ffn_up (n_ff, n_embd), ffn_down (n_embd, n_ff), norms (n_embd,),
     biases (n_out,), rope_freqs (n_rot/2,).
     Raises SynapseError naming the file and the tensor: missing, wrong shape
-    (expected and found), present in some layers only, or not used by the arch
+    (expected and found), a ggml type without kernels (WEIGHT_TYPES; 1-D tensors
+    VECTOR_TYPES), present in some layers only, or not used by the arch
     (llama.cpp likewise refuses files with extra tensors: "wrong number of tensors").
     """
     exp = expected_tensors(hp)
@@ -331,6 +348,12 @@ def validate_tensors(g: GGUFFile, hp: HParams) -> None:
         if t.shape != shape:
             raise SynapseError(
                 f"{g.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} (numpy order, outermost first)"
+            )
+        allowed = VECTOR_TYPES if len(shape) == 1 else WEIGHT_TYPES
+        if t.ggml_type.name not in allowed:
+            raise SynapseError(
+                f"{g.path}: tensor {name} has ggml type {t.ggml_type.name}, which is not supported "
+                f"(supported: {', '.join(sorted(allowed))})"
             )
     extra = [n for n in g.tensors if n not in exp]
     if extra:

