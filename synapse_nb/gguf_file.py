@@ -160,12 +160,13 @@ class _Reader:
         self.mv = mv
         self.size = len(mv)
         self.pos = 0
+        self.where = "the GGUF header"  # what is being read, for the truncation error
 
     def take(self, st: struct.Struct):
         try:
             (v,) = st.unpack_from(self.mv, self.pos)
         except struct.error:
-            raise _Truncated from None
+            raise _Truncated(self.where) from None
         self.pos += st.size
         return v
 
@@ -173,7 +174,7 @@ class _Reader:
         n = self.take(_U64)
         end = self.pos + n
         if end > self.size:
-            raise _Truncated
+            raise _Truncated(self.where)
         s = str(self.mv[self.pos : end], "utf-8", "surrogateescape")
         self.pos = end
         return s
@@ -184,7 +185,7 @@ class _Reader:
         # end makes a short slice here and is caught by the position check after the loop.
         mv, pos, unpack = self.mv, self.pos, _U64.unpack_from
         if pos + 8 * n > self.size:  # each string has at least its 8-byte length: a bad count fails here
-            raise _Truncated
+            raise _Truncated(self.where)
         out = [None] * n
         try:
             for i in range(n):
@@ -193,16 +194,16 @@ class _Reader:
                 out[i] = str(mv[pos : pos + ln], "utf-8", "surrogateescape")
                 pos += ln
         except (struct.error, OverflowError):  # OverflowError: a length >= 2**63 in the slice
-            raise _Truncated from None
+            raise _Truncated(self.where) from None
         if pos > self.size:
-            raise _Truncated
+            raise _Truncated(self.where)
         self.pos = pos
         return out
 
     def array(self, dtype: np.dtype, n: int) -> np.ndarray:
         end = self.pos + n * dtype.itemsize
         if end > self.size:
-            raise _Truncated
+            raise _Truncated(self.where)
         a = np.frombuffer(self.mv, dtype=dtype, count=n, offset=self.pos)
         self.pos = end
         return a
@@ -261,8 +262,10 @@ def open_gguf(path) -> GGUFFile:
     buf = np.frombuffer(mm, dtype=np.uint8)  # keeps the mapping alive as long as any view
     try:
         return _parse(path, buf)
-    except _Truncated:
-        raise SynapseError(f"{path}: truncated file: the GGUF header runs past the end of the file") from None
+    except _Truncated as e:
+        where = e.args[0] if e.args else "the GGUF header"
+        raise SynapseError(f"{path}: truncated file ({buf.size} bytes): {where} runs past the end of the file") \
+            from None
 
 
 def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
@@ -282,7 +285,9 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     kv: dict[str, object] = {}
     kv_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
     for i in range(n_kv):
+        r.where = f"key/value {i} of {n_kv}" + (f" (after key {_show(key)})" if i else "")
         key = r.string()
+        r.where = f"the value of key {_show(key)}"
         if not key:
             raise SynapseError(f"{path}: key {i} is empty")
         if key in kv:
@@ -299,8 +304,10 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
 
     table = []
     names = set()
-    for _ in range(n_tensors):
+    for j in range(n_tensors):
+        r.where = f"tensor info {j} of {n_tensors}" + (f" (after tensor {_show(name)})" if j else "")
         name = r.string()
+        r.where = f"the tensor info of {_show(name)}"
         if len(name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
             raise SynapseError(f"{path}: tensor name {_show(name)} is {GGML_MAX_NAME} bytes or longer")
         if name in names:
@@ -332,7 +339,7 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     # The data section starts at the next multiple of the alignment after the table.
     data_offset = -(-r.pos // alignment) * alignment
     if table and data_offset > r.size:
-        raise _Truncated
+        raise _Truncated("the tensor data section")
     tensors = {}
     for name, ggml_type, shape, offset, n_bytes in table:
         start = data_offset + offset

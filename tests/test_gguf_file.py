@@ -255,3 +255,12 @@ def test_corrupt_key_length_gives_a_printable_one_line_error(tmp_path):
     msg = assert_error(_damaged(tmp_path, [(off, n.to_bytes(8, "little"))]), "tokenizer.ggml.unknown_token_id")
     assert msg.isprintable(), msg
     assert "\\x00" in msg  # shown escaped, as repr() does
+
+
+def test_truncation_error_names_the_section(tmp_path):
+    # was always "the GGUF header runs past the end of the file", wherever the cut was
+    off, _ = _tensor_part("blk.0.attn_k.weight", 3)  # inside its dims
+    assert_error(_damaged(tmp_path, size=off + 4), "truncated file", "the tensor info of blk.0.attn_k.weight")
+    r = GGUFReader(SRC)
+    off = part_offset(r, r.fields["tokenizer.ggml.scores"].parts[-1])
+    assert_error(_damaged(tmp_path, size=off), "truncated file", "the value of key tokenizer.ggml.scores")
