@@ -19,7 +19,7 @@ import numpy as np
 from gguf import Keys
 
 from .errors import SynapseError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, _show
 
 # llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
 # QWEN2 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
@@ -358,6 +358,6 @@ def validate_tensors(g: GGUFFile, hp: HParams) -> None:
     extra = [n for n in g.tensors if n not in exp]
     if extra:
         raise SynapseError(
-            f"{g.path}: tensor {extra[0]} is not used by arch {hp.arch} "
+            f"{g.path}: tensor {_show(extra[0])} is not used by arch {hp.arch} "
             f"(or is present in some layers only){f' (+{len(extra) - 1} more)' if len(extra) > 1 else ''}"
         )

@@ -202,3 +202,9 @@ def test_weight_types_are_the_kernels_types():
 
     assert WEIGHT_TYPES == set(supported_types())
     assert VECTOR_TYPES <= WEIGHT_TYPES
+
+
+def test_unexpected_tensor_name_with_control_bytes_is_escaped(tmp_path):
+    # a corrupted name ("ro\x01\x02_freqs.weight") went raw into the message
+    path = _patch_tensor(tmp_path, tiny("tiny-llama3-f32"), "rope_freqs.weight", 1, b"ro\x01\x02_freqs.weight")
+    assert_error(path, "'ro\\x01\\x02_freqs.weight'", "not used by arch llama")
