@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 
 import click
@@ -82,23 +83,50 @@ def _physical_memory() -> int:
 
 
 class _Compiling:
-    """stderr progress for the first-run kernel compile ("compiling kernels, first run only")."""
+    """stderr progress while the kernels compile (first run) or load from Numba's cache.
+
+    A step is announced only when it is still running after 0.5 s, so a warm start (cached
+    kernels load in milliseconds) prints nothing. On a terminal the line is redrawn per step;
+    into a file it is one line at the start and one at the end.
+    """
+
+    DELAY_S = 0.5
 
     def __init__(self, verbose: bool):
         self.verbose = verbose
+        self.tty = sys.stderr.isatty()
         self.shown = False
+        self.timer = None
+        self.lock = threading.Lock()
         self.t0 = time.perf_counter()
 
+    def _show(self, done: int, total: int, name: str) -> None:
+        with self.lock:
+            if self.tty:
+                _log(f"\rcompiling kernels, first run only: step {done + 1}/{total}, {name}...\x1b[K", end="")
+            elif not self.shown:
+                _log("compiling kernels, first run only...")
+            self.shown = True
+
     def __call__(self, done: int, total: int, name: str) -> None:
-        # Cached kernels load in milliseconds; only a real compile is announced.
-        if not self.shown and time.perf_counter() - self.t0 < 0.5 and not self.verbose:
+        if self.timer is not None:
+            self.timer.cancel()
+        if done >= total:
             return
-        self.shown = True
-        _log(f"\rcompiling kernels, first run only: {done}/{total} {name:<40.40}", end="")
+        if self.shown or self.verbose:
+            self._show(done, total, name)
+        else:
+            self.timer = threading.Timer(self.DELAY_S, self._show, (done, total, name))
+            self.timer.daemon = True
+            self.timer.start()
 
     def finish(self) -> None:
-        if self.shown:
-            _log(f"\rcompiling kernels, first run only: done in {time.perf_counter() - self.t0:.1f} s" + " " * 30)
+        if self.timer is not None:
+            self.timer.cancel()
+        with self.lock:
+            if self.shown:
+                _log(("\r" if self.tty else "") + "compiling kernels, first run only: done in "
+                     f"{time.perf_counter() - self.t0:.1f} s" + ("\x1b[K" if self.tty else ""))
 
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
@@ -152,6 +180,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         click.echo(json.dumps(prompt_ids))
         return 0
     if not prompt_ids:
+        if prompt is None and file is None:
+            raise click.UsageError("missing PROMPT: give it as an argument, '-' for standard input, or -f FILE")
         raise SynapseError("the prompt is empty (no tokens to evaluate)")
 
     n_threads = threads or os.cpu_count() or 1
@@ -161,8 +191,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if need > n_ctx:  # before the KV cache is allocated
         raise SynapseError(f"prompt ({len(prompt_ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the "
                            f"context size n_ctx = {n_ctx}; raise -c/--ctx-size or shorten the prompt")
-    # KV cache: F16 bits + float32 copies of K and V, per layer and position
-    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * (2 + 4)
+    # KV cache: K and V per layer and position, F16 values kept as float32
+    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
     if kv_bytes > _physical_memory():
         raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
                            f"this machine's memory; use a smaller context")
@@ -170,7 +200,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
     try:
         session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
-    except MemoryError as e:  # numpy: "Unable to allocate ..."
+    except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
         raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): "
                            f"{e}; use a smaller context") from None
 
@@ -184,7 +214,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         from synapse_nb.session import prefill_check as _check
 
         del session  # prefill_check makes its own two sessions
+        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) then one by one...")
+        t_k = time.perf_counter()
         result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+        _log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
         click.echo(str(result))
         return 0 if result.ok else 1
 
@@ -258,7 +291,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
          f" ({timings['prompt_tokens_per_s'] or 0:8.2f} tokens per second)")
     _log(f"       eval time = {eval_ms:10.2f} ms / {n_evals:5d} runs  "
          f" ({timings['eval_tokens_per_s'] or 0:8.2f} tokens per second)")
-    _log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} threads")
+    _log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} thread{'s' if n_threads != 1 else ''}")
     return EXIT_INTERRUPTED if stop == "interrupted" else 0
 
 
@@ -299,7 +332,7 @@ def _save_npy(dest: str, array) -> None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("model")
 @click.argument("prompt", required=False)
-@click.option("-f", "--file", type=str, default=None, help="Read the prompt from this file.")
+@click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
 @click.option("-n", "--n-predict", type=int, default=128, show_default=True, help="Tokens to generate.")
 @click.option("-c", "--ctx-size", type=int, default=None,
               help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")

@@ -250,3 +250,17 @@ def test_warmup_reports_progress_and_leaves_no_state():
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] == len(calls) - 1
     s = m.new_session(n_ctx=16)
     assert s.n_past == 0
+
+
+def test_inf_in_weights_gives_no_exception(tmp_path):
+    """ggml computes through inf/nan; our kernels must not raise (Numba's default error model would:
+    Q8_K's d = 1/iscale divides by zero when a row's largest value is inf)."""
+    src = Path(__file__).parent / "data" / "tiny" / "tiny-llama-hd128-q4_k_m.gguf"
+    g = load_model(src).gguf
+    t = g.tensors["output_norm.weight"]
+    data = bytearray(src.read_bytes())
+    data[t.offset:t.offset + 4] = np.array([np.inf], np.float32).tobytes()
+    bad = tmp_path / "inf.gguf"
+    bad.write_bytes(bytes(data))
+    logits = load_model(bad).new_session(n_ctx=16).eval([1, 5, 9])
+    assert logits.shape == (512,)

@@ -10,6 +10,11 @@ Numerics: activations are converted to the weight's vec_dot_type exactly as ggml
 (Q8_0 / Q8_1 / Q8_K blocks, F16, BF16, or F32 unchanged), integer block dots are exact and the
 float accumulation reproduces ggml's AVX2/AVX-512 lane order (see kernels/legacy.py). Row n of
 ``matmul(w, X)`` equals ``matvec(w, X[n])`` bit for bit, for any thread count.
+
+Every kernel here is compiled with ``error_model="numpy"``: a division by zero gives inf or nan
+as in ggml's C, instead of Numba's default Python semantics, which raise ZeroDivisionError from
+inside a parallel region (seen with an inf in a corrupted norm weight: "SystemError ... returned
+a result with an exception set"). Finite results are unchanged.
 """
 
 import numpy as np

@@ -32,13 +32,13 @@ from .ops import v_expf
 _F32 = np.float32
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _f16_round(x):
     """float32 -> nearest F16 value, returned as float32 (GGML_CPU_FP32_TO_FP16 then back)."""
     return f16_to_f32(f32_to_f16_bits(x, f32_bits(x)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _store_row(kf_cache, vf_cache, k, v, pos0, t):
     p = pos0 + t
     for i in range(k.shape[1]):
@@ -47,7 +47,7 @@ def _store_row(kf_cache, vf_cache, k, v, pos0, t):
         vf_cache[p, i] = _f16_round(v[t, i])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _store_kv(kf_cache, vf_cache, k, v, pos0):
     for t in range(k.shape[0]):
         _store_row(kf_cache, vf_cache, k, v, pos0, t)
@@ -64,7 +64,7 @@ def store_kv(kf_cache, vf_cache, k, v, pos0):
     _store_kv(kf_cache, vf_cache, k, v, pos0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
     """Attention of the query heads sharing KV head kvh, for row t (tg = t * n_head_kv + kvh).
 
@@ -170,13 +170,13 @@ def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_
             out[t, o0 + d] = (rv[0, d] + rv[2, d]) + (rv[1, d] + rv[3, d])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, error_model="numpy", parallel=True)
 def _attention_par(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     for tg in prange(q.shape[0] * n_head_kv):
         _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _attention_ser(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     for tg in range(q.shape[0] * n_head_kv):
         _attend_group(out, q, kf, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg)

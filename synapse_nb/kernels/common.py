@@ -1,6 +1,6 @@
 """Scalar helpers shared by the kernels: F16/BF16 conversions and an exact FMA.
 
-All functions are plain ``@njit(cache=True)`` so that kernels inline them.
+All functions are plain ``@njit(cache=True, error_model="numpy")`` so that kernels inline them.
 
 Sources reproduced:
   * ``ggml_table_f32_f16`` / ``GGML_CPU_FP16_TO_FP32`` (F16 -> F32, exact),
@@ -102,13 +102,13 @@ def f16_to_f32(typingctx, h):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def f16_le(buf, off):
     """float32 value of the little-endian F16 stored at buf[off:off+2] (uint8 buffer)."""
     return f16_to_f32(np.uint16(buf[off]) | (np.uint16(buf[off + 1]) << np.uint16(8)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def f32_to_f16_bits(f, u):
     """float32 ``f`` (with bit pattern ``u``: uint32) -> F16 bits, round to nearest even.
 
@@ -132,7 +132,7 @@ def f32_to_f16_bits(f, u):
     return np.uint16(sign | r)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def f32_to_bf16_bits(u):
     """float32 bits ``u`` (uint32) -> BF16 bits, round to nearest even; NaN stays a quiet NaN.
 
@@ -143,7 +143,7 @@ def f32_to_bf16_bits(u):
     return np.uint16((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7):
     """Horizontal sum of 8 float32 lanes in ggml's hsum_float_8 order (x86/quants.c):
     ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))."""
@@ -154,7 +154,7 @@ def hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7):
     return (r0 + r2) + (r1 + r3)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def reduce_add_16(v):
     """_mm512_reduce_add_ps of 16 float32 lanes v[0:16] (GCC's order):
     halves (v[i] + v[i+8]), then (t[i] + t[i+4]), then (u[0]+u[2]) + (u[1]+u[3])."""

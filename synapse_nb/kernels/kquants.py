@@ -134,13 +134,13 @@ def _half_bits_to_f32(typingctx, u):
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _f16(w, o):
     """IEEE half at bytes w[o], w[o+1] (little endian) -> float32, exactly (GGML_FP16_TO_FP32)."""
     return _half_bits_to_f32(np.uint16(w[o]) | (np.uint16(w[o + 1]) << np.uint16(8)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _f32(w, o):
     """float32 at bytes w[o..o+3] (little endian)."""
     u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
@@ -148,7 +148,7 @@ def _f32(w, o):
     return _u32_as_f32(u)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _hsum8(a):
     """ggml hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), float32."""
     r0 = a[0] + a[4]
@@ -306,7 +306,7 @@ def _stack_u8(typingctx, n):
     return types.CPointer(types.uint8)(n), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _k4_scale_min(w, o, j):
     """ggml get_scale_min_k4: 6-bit scale and min j (0..7) of a Q4_K/Q5_K block, scales at w[o..o+11]."""
     if j < 4:
@@ -318,7 +318,7 @@ def _k4_scale_min(w, o, j):
     return sc, m
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _q3_scale(w, o, i):
     """Q3_K 6-bit scale i (0..15) minus 32, scales at w[o..o+11]."""
     lo = (np.int32(w[o + (i & 7)]) >> np.int32(4 * (i >> 3))) & np.int32(15)
@@ -330,7 +330,7 @@ def _q3_scale(w, o, i):
 # Q8_K activations
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def quantize_row_q8_K(out, x):
     """Quantize one activation row to Q8_K blocks (ggml-quants.c quantize_row_q8_K_ref,
     which ggml-cpu's x86 quantize_row_q8_K calls).
@@ -380,7 +380,7 @@ def quantize_row_q8_K(out, x):
 # Dequantization (ggml-quants.c dequantize_row_*, = gguf.quants.dequantize)
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q2_K(out, w_row):
     """Q2_K row -> float32 (ggml-quants.c dequantize_row_q2_K).
 
@@ -405,7 +405,7 @@ def dequantize_row_q2_K(out, w_row):
                         out[base + t] = dl * np.float32(q) - ml
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q3_K(out, w_row):
     """Q3_K row -> float32 (ggml-quants.c dequantize_row_q3_K).
 
@@ -429,7 +429,7 @@ def dequantize_row_q3_K(out, w_row):
                         out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q4_K(out, w_row):
     """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
 
@@ -455,7 +455,7 @@ def dequantize_row_q4_K(out, w_row):
                 out[base + 32 + t] = d2 * np.float32(b >> np.int32(4)) - mm2
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q5_K(out, w_row):
     """Q5_K row -> float32 (ggml-quants.c dequantize_row_q5_K).
 
@@ -484,7 +484,7 @@ def dequantize_row_q5_K(out, w_row):
                 out[base + 32 + t] = d2 * np.float32(q2) - mm2
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q6_K(out, w_row):
     """Q6_K row -> float32 (ggml-quants.c dequantize_row_q6_K).
 
@@ -512,7 +512,7 @@ def dequantize_row_q6_K(out, w_row):
                 out[base + 96] = (d * np.float32(np.int8(w_row[isc + 6]))) * np.float32(q4)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_iq4_xs(out, w_row):
     """IQ4_XS row -> float32 (ggml-quants.c dequantize_row_iq4_xs).
 
@@ -551,7 +551,7 @@ def dequantize_row_iq4_xs(out, w_row):
 # buffers live on the stack.
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
 
@@ -597,7 +597,7 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     return _hsum8(acc)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q3_K row with a Q8_K row -> float32 (ggml_vec_dot_q3_K_q8_K, x86 AVX2).
 
@@ -641,7 +641,7 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
     return _hsum8(acc)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _k4_unpack(sc, w, o):
     """Unpack the 12 packed bytes at w[o..o+11] into sc[0..7] = scales, sc[8..15] = mins
     (ggml get_scale_min_k4 for j = 0..7)."""
@@ -655,7 +655,7 @@ def _k4_unpack(sc, w, o):
         sc[12 + j] = (b2 >> np.int32(4)) | ((b1 >> np.int32(6)) << np.int32(4))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q4_K row with a Q8_K row -> float32 (ggml_vec_dot_q4_K_q8_K, x86 AVX2).
 
@@ -697,7 +697,7 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
     return _hsum8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q5_K row with a Q8_K row -> float32 (ggml_vec_dot_q5_K_q8_K, x86 AVX2).
 
@@ -740,7 +740,7 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
     return _hsum8(acc) + summs
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q6_K row with a Q8_K row -> float32 (ggml_vec_dot_q6_K_q8_K, x86 AVX2).
 
@@ -788,7 +788,7 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
 _U8_128 = np.full(32, 128, np.uint8)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
     """Dot of an IQ4_XS row with a Q8_K row -> float32 (ggml_vec_dot_iq4_xs_q8_K, x86 AVX2).
 

@@ -1,6 +1,6 @@
 """Row kernels for the non-K formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 
-Two kinds of plain ``@njit(cache=True)`` functions, output first, on raw GGUF bytes:
+Two kinds of plain ``@njit(cache=True, error_model="numpy")`` functions, output first, on raw GGUF bytes:
   * ``dequantize_row_T(out: float32[K], w_row: uint8[row_bytes])``: bit-exact with
     gguf.quants.dequantize (and ggml-quants.c dequantize_row_T).
   * ``vec_dot_T(w_row: uint8[:], a_row: uint8[:], scratch: int32[:]) -> float32``: one weight
@@ -47,7 +47,7 @@ KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_f32(out, w_row):
     """F32 bytes -> float32 (copy)."""
     wf = w_row.view(np.float32)
@@ -55,7 +55,7 @@ def dequantize_row_f32(out, w_row):
         out[i] = wf[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_f16(out, w_row):
     """F16 -> float32, exact (ggml_cpu_fp16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -63,7 +63,7 @@ def dequantize_row_f16(out, w_row):
         out[i] = f16_to_f32(wh[i])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_bf16(out, w_row):
     """BF16 -> float32, exact (ggml_cpu_bf16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -72,7 +72,7 @@ def dequantize_row_bf16(out, w_row):
         ob[i] = np.uint32(wh[i]) << np.uint32(16)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q4_0(out, w_row):
     """Q4_0 (18 B / 32: f16 d, 16 B nibbles; low nibbles = elements 0..15) -> (q - 8) * d.
 
@@ -87,7 +87,7 @@ def dequantize_row_q4_0(out, w_row):
             out[b * 32 + 16 + j] = np.float32(np.int32(q >> 4) - 8) * d
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q4_1(out, w_row):
     """Q4_1 (20 B / 32: f16 d, f16 m, 16 B nibbles) -> q * d + m (multiply, then add).
 
@@ -103,13 +103,13 @@ def dequantize_row_q4_1(out, w_row):
             out[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _u32_le(buf, off):
     return (np.uint32(buf[off]) | (np.uint32(buf[off + 1]) << np.uint32(8))
             | (np.uint32(buf[off + 2]) << np.uint32(16)) | (np.uint32(buf[off + 3]) << np.uint32(24)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q5_0(out, w_row):
     """Q5_0 (22 B / 32: f16 d, u32 qh, 16 B nibbles; bit j of qh is bit 4 of element j)
     -> (q - 16) * d. ggml-quants.c dequantize_row_q5_0."""
@@ -126,7 +126,7 @@ def dequantize_row_q5_0(out, w_row):
             out[b * 32 + 16 + j] = np.float32((np.int32(q >> 4) | h1) - 16) * d
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q5_1(out, w_row):
     """Q5_1 (24 B / 32: f16 d, f16 m, u32 qh, 16 B nibbles) -> q * d + m.
 
@@ -145,7 +145,7 @@ def dequantize_row_q5_1(out, w_row):
             out[b * 32 + 16 + j] = np.float32(np.int32(q >> 4) | h1) * d + m
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_q8_0(out, w_row):
     """Q8_0 (34 B / 32: f16 d, int8 qs[32]) -> q * d. ggml-quants.c dequantize_row_q8_0."""
     nb = out.size // 32
@@ -157,7 +157,7 @@ def dequantize_row_q8_0(out, w_row):
             out[b * 32 + j] = np.float32(wi[o + 2 + j]) * d
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def dequantize_row_iq4_nl(out, w_row):
     """IQ4_NL (18 B / 32: f16 d, 16 B nibble indices into kvalues_iq4nl) -> d * kvalues[q].
 
@@ -241,7 +241,7 @@ _blk_q8_0 = make_block_lanes_fma(_decode_q8_0, signed=True)
 _blk_iq4_nl = make_block_lanes_fma(_decode_iq4_nl, signed=True)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q4_0_q8_0(w_row, a_row, scratch):
     """Q4_0 weight row . Q8_0 activation row -> float32.
 
@@ -258,7 +258,7 @@ def vec_dot_q4_0_q8_0(w_row, a_row, scratch):
     return acc8_hsum(accp)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q8_0_q8_0(w_row, a_row, scratch):
     """Q8_0 weight row . Q8_0 activation row -> float32.
 
@@ -274,7 +274,7 @@ def vec_dot_q8_0_q8_0(w_row, a_row, scratch):
     return acc8_hsum(accp)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q5_0_q8_0(w_row, a_row, scratch):
     """Q5_0 weight row . Q8_0 activation row -> float32.
 
@@ -290,7 +290,7 @@ def vec_dot_q5_0_q8_0(w_row, a_row, scratch):
     return acc8_hsum(accp)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q4_1_q8_1(w_row, a_row, scratch):
     """Q4_1 weight row . Q8_1 activation row -> float32.
 
@@ -309,7 +309,7 @@ def vec_dot_q4_1_q8_1(w_row, a_row, scratch):
     return acc8_hsum(accp) + summs
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_q5_1_q8_1(w_row, a_row, scratch):
     """Q5_1 weight row . Q8_1 activation row -> float32.
 
@@ -327,7 +327,7 @@ def vec_dot_q5_1_q8_1(w_row, a_row, scratch):
     return acc8_hsum(accp) + summs
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     """IQ4_NL weight row . Q8_0 activation row -> float32.
 
@@ -371,7 +371,7 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
 ROWS_GROUP = 64  # activation rows per pass (stack: 64 x 8 float32 per accumulator set)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_q4_0_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_q4_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 18
@@ -388,7 +388,7 @@ def rows_dot_q4_0_q8_0(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_q8_0_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_q8_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 34
@@ -405,7 +405,7 @@ def rows_dot_q8_0_q8_0(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_q5_0_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_q5_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 22
@@ -422,7 +422,7 @@ def rows_dot_q5_0_q8_0(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_q4_1_q8_1(y, m, w_row, a):
     """y[n, m] = vec_dot_q4_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 20
@@ -443,7 +443,7 @@ def rows_dot_q4_1_q8_1(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_q5_1_q8_1(y, m, w_row, a):
     """y[n, m] = vec_dot_q5_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 24
@@ -464,7 +464,7 @@ def rows_dot_q5_1_q8_1(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_iq4_nl_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 18
@@ -492,7 +492,7 @@ def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
             y[g + n, m] = sumf
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _iq4_nl_tail(w_row, a_row, b, sumf):
     """ggml's scalar tail for a trailing odd IQ4_NL block: sumf = fma(d, isum, sumf)."""
     ai = a_row.view(np.int8)
@@ -504,13 +504,13 @@ def _iq4_nl_tail(w_row, a_row, b, sumf):
     return fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _summs(m, s, acc):
     """summs += F16(m) * F16(s): GCC contracts this C expression into one fma on x86-64 with FMA."""
     return fma32(m, s, acc)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_f32(w_row, a_row, scratch):
     """F32 weight row . F32 activation row -> float32.
 
@@ -536,7 +536,7 @@ def vec_dot_f32(w_row, a_row, scratch):
     return sumf
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_f16(w_row, a_row, scratch):
     """F16 weight row . F16 activation row -> float32.
 
@@ -562,7 +562,7 @@ def vec_dot_f16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vec_dot_bf16(w_row, a_row, scratch):
     """BF16 weight row . BF16 activation row -> float32.
 
@@ -589,7 +589,7 @@ def vec_dot_bf16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _bf16(h):
     return u32_as_f32(np.uint32(h) << np.uint32(16))
 

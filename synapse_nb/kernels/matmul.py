@@ -66,37 +66,37 @@ def scratch_ints(k):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_q8_0(a, x):
     for n in prange(x.shape[0]):
         QA.quantize_row_q8_0(a[n], x[n])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_q8_1(a, x):
     for n in prange(x.shape[0]):
         QA.quantize_row_q8_1(a[n], x[n])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_f16(a, x):
     for n in prange(x.shape[0]):
         QA.quantize_row_f16(a[n], x[n])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_bf16(a, x):
     for n in prange(x.shape[0]):
         QA.quantize_row_bf16(a[n], x[n])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_f32(a, x):
     for n in prange(x.shape[0]):
         QA.quantize_row_f32(a[n], x[n])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _act_q8_K(a, x):
     for n in prange(x.shape[0]):
         KQ.quantize_row_q8_K(a[n], x[n])
@@ -107,7 +107,7 @@ def _act_q8_K(a, x):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_f32(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -117,7 +117,7 @@ def _mm_f32(y, w, a, n_scratch):
                 y[n, m] = L.vec_dot_f32(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_f16(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -127,7 +127,7 @@ def _mm_f16(y, w, a, n_scratch):
                 y[n, m] = L.vec_dot_f16(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_bf16(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -137,7 +137,7 @@ def _mm_bf16(y, w, a, n_scratch):
                 y[n, m] = L.vec_dot_bf16(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q4_0(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -149,7 +149,7 @@ def _mm_q4_0(y, w, a, n_scratch):
                 L.rows_dot_q4_0_q8_0(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q4_1(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -161,7 +161,7 @@ def _mm_q4_1(y, w, a, n_scratch):
                 L.rows_dot_q4_1_q8_1(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q5_0(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -173,7 +173,7 @@ def _mm_q5_0(y, w, a, n_scratch):
                 L.rows_dot_q5_0_q8_0(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q5_1(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -185,7 +185,7 @@ def _mm_q5_1(y, w, a, n_scratch):
                 L.rows_dot_q5_1_q8_1(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q8_0(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -197,7 +197,7 @@ def _mm_q8_0(y, w, a, n_scratch):
                 L.rows_dot_q8_0_q8_0(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_iq4_nl(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -209,7 +209,7 @@ def _mm_iq4_nl(y, w, a, n_scratch):
                 L.rows_dot_iq4_nl_q8_0(y, m, w[m], a)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q2_K(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -219,7 +219,7 @@ def _mm_q2_K(y, w, a, n_scratch):
                 y[n, m] = KQ.vec_dot_q2_K_q8_K(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q3_K(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -229,7 +229,7 @@ def _mm_q3_K(y, w, a, n_scratch):
                 y[n, m] = KQ.vec_dot_q3_K_q8_K(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q4_K(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -239,7 +239,7 @@ def _mm_q4_K(y, w, a, n_scratch):
                 y[n, m] = KQ.vec_dot_q4_K_q8_K(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q5_K(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -249,7 +249,7 @@ def _mm_q5_K(y, w, a, n_scratch):
                 y[n, m] = KQ.vec_dot_q5_K_q8_K(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_q6_K(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -259,7 +259,7 @@ def _mm_q6_K(y, w, a, n_scratch):
                 y[n, m] = KQ.vec_dot_q6_K_q8_K(w[m], a[n], scratch)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _mm_iq4_xs(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -274,91 +274,91 @@ def _mm_iq4_xs(y, w, a, n_scratch):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_f32(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_f32(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_f16(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_f16(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_bf16(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_bf16(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q4_0(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_q4_0(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q4_1(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_q4_1(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q5_0(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_q5_0(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q5_1(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_q5_1(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q8_0(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_q8_0(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_iq4_nl(out, w, ids):
     for i in prange(ids.size):
         L.dequantize_row_iq4_nl(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q2_K(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_q2_K(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q3_K(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_q3_K(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q4_K(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_q4_K(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q5_K(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_q5_K(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_q6_K(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_q6_K(out[i], w[ids[i]])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _deq_iq4_xs(out, w, ids):
     for i in prange(ids.size):
         KQ.dequantize_row_iq4_xs(out[i], w[ids[i]])

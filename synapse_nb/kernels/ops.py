@@ -40,7 +40,7 @@ _C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
 # exp / silu
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def v_expf(x):
     """One lane of ggml_v_expf (ggml-cpu/vec.h, __AVX512F__ && __AVX512DQ__ branch).
 
@@ -72,20 +72,20 @@ def v_expf(x):
     return _F32(math.ldexp(np.float64(j), int(ni)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def v_silu(x):
     """One lane of ggml_v_silu (AVX-512): x / (1 + ggml_v_expf(0 - x)), float32."""
     e = v_expf(_F32(0.0) - x)
     return x / (_F32(1.0) + e)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def silu_f32(x):
     """ggml_silu_f32 (vec.h): x / (1.0f + expf(-x)) with libm expf (the scalar tail)."""
     return x / (_F32(1.0) + math.exp(-x))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _swiglu_row(out, gate, up, t):
     m = gate.shape[1]
     m16 = m - m % 16
@@ -95,13 +95,13 @@ def _swiglu_row(out, gate, up, t):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, error_model="numpy", parallel=True)
 def _swiglu_par(out, gate, up):
     for t in prange(gate.shape[0]):
         _swiglu_row(out, gate, up, t)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _swiglu_ser(out, gate, up):
     for t in range(gate.shape[0]):
         _swiglu_row(out, gate, up, t)
@@ -121,7 +121,7 @@ def swiglu_rows(out, gate, up):
 # RMSNorm
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _rms_norm_row(out, x, w, eps, t):
     m = x.shape[1]
     s = 0.0
@@ -134,13 +134,13 @@ def _rms_norm_row(out, x, w, eps, t):
         out[t, i] = (x[t, i] * scale) * w[i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, error_model="numpy", parallel=True)
 def _rms_norm_par(out, x, w, eps):
     for t in prange(x.shape[0]):
         _rms_norm_row(out, x, w, eps, t)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rms_norm_ser(out, x, w, eps):
     for t in range(x.shape[0]):
         _rms_norm_row(out, x, w, eps, t)
@@ -161,7 +161,7 @@ def rms_norm_rows(out, x, w, eps):
 # RoPE
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rope_theta_scale(freq_base, n_dims):
     """powf(freq_base, -2.0f / n_dims) with libm powf, as ggml_compute_forward_rope_flt.
 
@@ -169,7 +169,7 @@ def rope_theta_scale(freq_base, n_dims):
     return _F32(freq_base) ** (_F32(-2.0) / _F32(n_dims))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     """ggml_rope_yarn_corr_dims (ggml.c): the YaRN ramp's [start, end] dims, float32 pair.
 
@@ -187,7 +187,7 @@ def rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     return max(_F32(0.0), start), min(_F32(n_dims - 1), end)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_factor, attn_factor,
                corr_lo, corr_hi):
     """cos/sin table per position: ggml_rope_cache_init + rope_yarn (ggml-cpu/ops.cpp).
@@ -229,7 +229,7 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
             theta = theta * theta_scale
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
     t = th // n_heads
     base = (th % n_heads) * head_dim
@@ -249,13 +249,13 @@ def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
         x[t, b] = fma32(x0, s, x1 * c)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, error_model="numpy", parallel=True)
 def _rope_par(x, cache, n_heads, head_dim, n_dims, neox):
     for th in prange(x.shape[0] * n_heads):
         _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rope_ser(x, cache, n_heads, head_dim, n_dims, neox):
     for th in range(x.shape[0] * n_heads):
         _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)
