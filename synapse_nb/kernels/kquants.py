@@ -43,6 +43,8 @@ from numba.core import cgutils
 from numba.core import config as _nb_config
 from numba.extending import intrinsic
 
+from .common import f32_bits, fma32, stack_f32, stack_i32, u32_as_f32
+
 QK_K = 256
 Q8_K_BYTES = 292
 Q2_K_BYTES = 84
@@ -60,68 +62,6 @@ KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
 # ---------------------------------------------------------------------------------------
 # Low-level helpers (LLVM intrinsics Numba does not expose)
 # ---------------------------------------------------------------------------------------
-
-@intrinsic
-def _fma_f32(typingctx, a, b, c):
-    """Single-rounding a*b + c on float32 (llvm.fma.f32, the vfmadd ggml's _mm256_fmadd_ps uses)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]),
-                                            "llvm.fma.f32")
-        return builder.call(fn, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def _u32_as_f32(typingctx, u):
-    """Reinterpret the bits of a uint32 as a float32."""
-    sig = types.float32(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_as_u32(typingctx, f):
-    """Reinterpret the bits of a float32 as a uint32."""
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
-
-
-@intrinsic(prefer_literal=True)
-def _stack_i32(typingctx, n):
-    """Pointer to n int32 on the caller's stack (n a literal): scratch without a heap allocation."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
-
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.IntType(32), size=size)
-
-    return types.CPointer(types.int32)(n), codegen
-
-
-@intrinsic(prefer_literal=True)
-def _stack_f32(typingctx, n):
-    """Pointer to n float32 on the caller's stack (n a literal)."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
-
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
-
-    return types.CPointer(types.float32)(n), codegen
-
 
 @intrinsic
 def _half_bits_to_f32(typingctx, u):
@@ -145,7 +85,7 @@ def _f32(w, o):
     """float32 at bytes w[o..o+3] (little endian)."""
     u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
          | (np.uint32(w[o + 2]) << np.uint32(16)) | (np.uint32(w[o + 3]) << np.uint32(24)))
-    return _u32_as_f32(u)
+    return u32_as_f32(u)
 
 
 @njit(cache=True, error_model="numpy")
@@ -362,10 +302,10 @@ def quantize_row_q8_K(out, x):
             # even for |v| < 2^22); done on the bits so that an overflowed iscale (inf or nan
             # products, max|x| < 3.7e-37) stores what ggml stores: the low byte of MIN(127, v).
             val = iscale * x[xo + j] + np.float32(12582912.0)
-            v = np.int32(_f32_as_u32(val) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
+            v = np.int32(f32_bits(val) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
             out[bo + 4 + j] = np.uint8(min(np.int32(127), v) & 0xFF)
         d = np.float32(1.0) / iscale
-        ud = _f32_as_u32(d)
+        ud = f32_bits(d)
         for j in range(4):
             out[bo + j] = np.uint8((ud >> np.uint32(8 * j)) & np.uint32(255))
         for j in range(16):
@@ -561,11 +501,11 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     """
     nb = w_row.size // Q2_K_BYTES
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(8), 8)
-    pm = carray(_stack_i32(8), 8)
-    sc = carray(_stack_i32(32), 32)
+    p = carray(stack_i32(8), 8)
+    pm = carray(stack_i32(8), 8)
+    sc = carray(stack_i32(32), 32)
     qb = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(8), 8)
+    acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
@@ -606,11 +546,11 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
     2 bits and the "minus 4" part dotted separately as in ggml.
     """
     nb = w_row.size // Q3_K_BYTES
-    p = carray(_stack_i32(8), 8)
-    sc = carray(_stack_i32(16), 16)
+    p = carray(stack_i32(8), 8)
+    sc = carray(stack_i32(16), 16)
     qb = carray(_stack_u8(256), 256)
     qh = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(8), 8)
+    acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
@@ -666,10 +606,10 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
     """
     nb = w_row.size // Q4_K_BYTES
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(8), 8)
-    sc = carray(_stack_i32(16), 16)
+    p = carray(stack_i32(8), 8)
+    sc = carray(stack_i32(16), 16)
     qb = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(12), 12)
+    acc = carray(stack_f32(12), 12)
     for k in range(12):
         acc[k] = np.float32(0.0)
     for i in range(nb):
@@ -683,7 +623,7 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
         for m in range(4):
             qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
             qc = np.int32(y16[132 + 4 * m]) + np.int32(y16[133 + 4 * m])
-            acc[8 + m] = _fma_f32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
+            acc[8 + m] = fma32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
         for j in range(4):
             for t in range(32):
                 b = w[16 + 32 * j + t]
@@ -707,10 +647,10 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
     """
     nb = w_row.size // Q5_K_BYTES
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(8), 8)
-    sc = carray(_stack_i32(16), 16)
+    p = carray(stack_i32(8), 8)
+    sc = carray(stack_i32(16), 16)
     qb = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(8), 8)
+    acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     summs = np.float32(0.0)
@@ -725,7 +665,7 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
         msum = np.int32(0)
         for c in range(8):
             msum += sc[8 + c] * (np.int32(y16[130 + 2 * c]) + np.int32(y16[131 + 2 * c]))
-        summs = _fma_f32(dmin, np.float32(msum), summs)
+        summs = fma32(dmin, np.float32(msum), summs)
         for j in range(4):
             for t in range(32):
                 b = w[48 + 32 * j + t]
@@ -752,10 +692,10 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     """
     nb = w_row.size // Q6_K_BYTES
     a16 = a_row.view(np.int16)
-    p = carray(_stack_i32(8), 8)
-    sc = carray(_stack_i32(16), 16)
+    p = carray(stack_i32(8), 8)
+    sc = carray(stack_i32(16), 16)
     qb = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(8), 8)
+    acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
@@ -798,9 +738,9 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
     """
     nb = w_row.size // IQ4_XS_BYTES
     c128 = _U8_128
-    p = carray(_stack_i32(8), 8)
+    p = carray(stack_i32(8), 8)
     qb = carray(_stack_u8(256), 256)
-    acc = carray(_stack_f32(8), 8)
+    acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
