@@ -65,6 +65,24 @@ def store_kv(kf_cache, vf_cache, k, v, pos0):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _reduce_lanes64(r, acc, n):
+    """r[0, :n] = ggml's reduction of the 64 lane accumulators acc[:, :n] of ggml_vec_dot_f16:
+    GGML_F32x16_REDUCE, (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps's tree (r is
+    scratch [16, >= n])."""
+    for l in range(16):
+        for j in range(n):
+            r[l, j] = (acc[l, j] + acc[32 + l, j]) + (acc[16 + l, j] + acc[48 + l, j])
+    for l in range(8):
+        for j in range(n):
+            r[l, j] = r[8 + l, j] + r[l, j]
+    for l in range(4):
+        for j in range(n):
+            r[l, j] = r[4 + l, j] + r[l, j]
+    for j in range(n):
+        r[0, j] = (r[0, j] + r[2, j]) + (r[1, j] + r[3, j])
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, tg):
     """Attention of the query heads sharing KV head kvh, for row t (tg = t * n_head_kv + kvh).
 
@@ -106,18 +124,9 @@ def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_
                 qv = qh[i + l]
                 for j in range(n_kv):
                     a[l, j] = fma32(kT[k0 + i + l, j], qv, a[l, j])
-        # GGML_F32x16_REDUCE: (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps
-        for l in range(16):
-            for j in range(n_kv):
-                r[l, j] = (a[l, j] + a[32 + l, j]) + (a[16 + l, j] + a[48 + l, j])
-        for l in range(8):
-            for j in range(n_kv):
-                r[l, j] = r[8 + l, j] + r[l, j]
-        for l in range(4):
-            for j in range(n_kv):
-                r[l, j] = r[4 + l, j] + r[l, j]
+        _reduce_lanes64(r, a, n_kv)
         for j in range(n_kv):
-            sd[j] = np.float64((r[0, j] + r[2, j]) + (r[1, j] + r[3, j]))
+            sd[j] = np.float64(r[0, j])
         for i in range(hd64, head_dim_k):  # leftovers, added in double
             for j in range(n_kv):
                 sd[j] += np.float64(kT[k0 + i, j] * qh[i])
@@ -156,18 +165,10 @@ def _attend_group(out, q, kT, vf, pos0, n_head, n_head_kv, head_dim_k, head_dim_
             wl = w[n64 + l]
             for d in range(head_dim_v):
                 b[l, d] = fma32(vf[n64 + l, v0 + d], wl, b[l, d])
-        for l in range(16):
-            for d in range(head_dim_v):
-                rv[l, d] = (b[l, d] + b[32 + l, d]) + (b[16 + l, d] + b[48 + l, d])
-        for l in range(8):
-            for d in range(head_dim_v):
-                rv[l, d] = rv[8 + l, d] + rv[l, d]
-        for l in range(4):
-            for d in range(head_dim_v):
-                rv[l, d] = rv[4 + l, d] + rv[l, d]
+        _reduce_lanes64(rv, b, head_dim_v)
         o0 = h * head_dim_v
         for d in range(head_dim_v):
-            out[t, o0 + d] = (rv[0, d] + rv[2, d]) + (rv[1, d] + rv[3, d])
+            out[t, o0 + d] = rv[0, d]
 
 
 @njit(cache=True, error_model="numpy", parallel=True)

@@ -30,6 +30,21 @@ def _sat8(q):
     return np.int32(min(max(q, -128), 127))
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _q8_block_scale(out, x, b, o):
+    """Block b of a Q8_0/Q8_1 row: amax = max|x|, d = amax / 127 written as F16 at out[o:o+2];
+    returns (d before its F16 rounding, id = 127 / amax or 0 when amax == 0)."""
+    amax = np.float32(0.0)
+    for j in range(QK8_0):
+        amax = max(amax, abs(x[b * QK8_0 + j]))
+    d = amax / np.float32(127.0)
+    h = f32_to_f16_bits(d, f32_bits(d))
+    out[o] = np.uint8(h & np.uint16(0xFF))
+    out[o + 1] = np.uint8(h >> np.uint16(8))
+    idv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
+    return d, idv
+
+
 @njit(cache=True, error_model="numpy")
 def quantize_row_q8_0(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_0 blocks in out (uint8 [K/32*34]).
@@ -41,14 +56,7 @@ def quantize_row_q8_0(out, x):
     nb = x.size // QK8_0
     for b in range(nb):
         o = b * Q8_0_BYTES
-        amax = np.float32(0.0)
-        for j in range(QK8_0):
-            amax = max(amax, abs(x[b * QK8_0 + j]))
-        d = amax / np.float32(127.0)
-        h = f32_to_f16_bits(d, f32_bits(d))
-        out[o] = np.uint8(h & np.uint16(0xFF))
-        out[o + 1] = np.uint8(h >> np.uint16(8))
-        idv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
+        d, idv = _q8_block_scale(out, x, b, o)
         for j in range(QK8_0):
             out[o + 2 + j] = np.uint8(_sat8(_cvt_i32(x[b * QK8_0 + j] * idv)) & 0xFF)
 
@@ -63,14 +71,7 @@ def quantize_row_q8_1(out, x):
     nb = x.size // QK8_0
     for b in range(nb):
         o = b * Q8_1_BYTES
-        amax = np.float32(0.0)
-        for j in range(QK8_0):
-            amax = max(amax, abs(x[b * QK8_0 + j]))
-        d = amax / np.float32(127.0)
-        h = f32_to_f16_bits(d, f32_bits(d))
-        out[o] = np.uint8(h & np.uint16(0xFF))
-        out[o + 1] = np.uint8(h >> np.uint16(8))
-        idv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
+        d, idv = _q8_block_scale(out, x, b, o)
         isum = np.int64(0)
         for j in range(QK8_0):
             q = _cvt_i32(x[b * QK8_0 + j] * idv)
