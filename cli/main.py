@@ -236,24 +236,23 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         logits = logits[-1]
     t_e0 = time.perf_counter()
     n_evals = 0
+
+    def on_logits(row):  # one decoded token evaluated
+        nonlocal n_evals
+        n_evals += 1
+        if want_rows:
+            rows.append(row[None, :])
+
     try:
-        while len(generated) < n_predict:
-            nxt = int(np.argmax(logits))  # greedy; the lowest id wins a tie
+        for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits):
             generated.append(nxt)
             if nxt in tok.eog_ids and not ignore_eos:
                 stop = "eog"
-                break
-            if stream is not None:
+            elif stream is not None:
                 piece = stream.push(tok.token_to_piece(nxt, special=False))
                 if piece:
                     out.write(piece)
                     out.flush()
-            if len(generated) == n_predict:
-                break
-            logits = session.eval([nxt])
-            n_evals += 1
-            if want_rows:
-                rows.append(logits[None, :])
     except KeyboardInterrupt:
         stop = "interrupted"
     t_e1 = time.perf_counter()

@@ -123,24 +123,39 @@ class Session:
         if need > self.n_ctx:
             raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt + {n_predict} "
                                f"predicted tokens = {need} exceed n_ctx = {self.n_ctx}")
-        eog = set() if ignore_eos else set(self.model.tokenizer.eog_ids)
+        eog = self._eog_ids(ignore_eos)
         out: list[int] = []
         if n_predict == 0:
             if prompt:
                 self.eval(prompt)
             return out
-        logits = self.eval(prompt)
-        while True:
-            tok = int(np.argmax(logits))  # first maximum: lowest id on ties
+        for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos):
             out.append(tok)
-            if tok in eog:
-                break
-            if on_token is not None:
+            if on_token is not None and tok not in eog:
                 on_token(tok)
-            if len(out) == n_predict:
-                break
-            logits = self.eval([tok])
         return out
+
+    def _eog_ids(self, ignore_eos: bool) -> set:
+        return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
+
+    def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None):
+        """Yield up to n_predict greedy tokens continuing from ``logits`` (float32 [n_vocab], the
+        last evaluated position): argmax, the lowest id on ties.
+
+        Each token is yielded before it is evaluated, so a caller can stream it; it is then
+        appended to the cache and its logits (float32 [n_vocab]) passed to on_logits(row), if
+        given. The last token (the n_predict-th, or an end-of-generation token unless ignore_eos)
+        is yielded and not evaluated. The caller checks that the cache has room.
+        """
+        eog = self._eog_ids(ignore_eos)
+        for i in range(n_predict):
+            tok = int(np.argmax(logits))  # first maximum: lowest id on ties
+            yield tok
+            if tok in eog or i == n_predict - 1:
+                return
+            logits = self.eval([tok])
+            if on_logits is not None:
+                on_logits(logits)
 
 
 @dataclass(frozen=True)
