@@ -83,11 +83,13 @@ def _physical_memory() -> int:
 
 
 class _Compiling:
-    """stderr progress while the kernels compile (first run) or load from Numba's cache.
+    """stderr notice while kernels compile (a first run, or after the package changed).
 
-    A step is announced only when it is still running after 0.5 s, so a warm start (cached
-    kernels load in milliseconds) prints nothing. On a terminal the line is redrawn per step;
-    into a file it is one line at the start and one at the end.
+    Loading kernels from Numba's cache compiles nothing and prints nothing: the notice is
+    shown only once a real compilation (synapse_nb.jitwatch) has run for 0.5 s (at once with
+    -v). On a terminal the line is redrawn per warm-up step; into a file it is one line at the
+    start and one at the end. Use as a context manager around the warm-up; call it with
+    (done, total, name) per step.
     """
 
     DELAY_S = 0.5
@@ -96,12 +98,46 @@ class _Compiling:
         self.verbose = verbose
         self.tty = sys.stderr.isatty()
         self.shown = False
+        self.compiles = 0
+        self.step = (0, 1, "")
         self.timer = None
         self.lock = threading.Lock()
         self.t0 = time.perf_counter()
+        self._watch = None
 
-    def _show(self, done: int, total: int, name: str) -> None:
+    def __enter__(self):
+        from synapse_nb.jitwatch import watch_compiles
+
+        self._watch = watch_compiles(self._on_compile)
+        self._watch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._watch.__exit__(*exc)
+        if self.timer is not None:
+            self.timer.cancel()
         with self.lock:
+            if self.shown and exc[0] is None:
+                _log(("\r" if self.tty else "") + "compiling kernels, first run only: done in "
+                     f"{time.perf_counter() - self.t0:.1f} s" + ("\x1b[K" if self.tty else ""))
+            elif self.shown and self.tty:
+                _log("")
+        return False
+
+    def _on_compile(self, name: str) -> None:
+        self.compiles += 1
+        if self.shown or self.timer is not None:
+            return
+        if self.verbose:
+            self._show()
+        else:
+            self.timer = threading.Timer(self.DELAY_S, self._show)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self) -> None:
+        with self.lock:
+            done, total, name = self.step
             if self.tty:
                 _log(f"\rcompiling kernels, first run only: step {done + 1}/{total}, {name}...\x1b[K", end="")
             elif not self.shown:
@@ -109,24 +145,9 @@ class _Compiling:
             self.shown = True
 
     def __call__(self, done: int, total: int, name: str) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if done >= total:
-            return
-        if self.shown or self.verbose:
-            self._show(done, total, name)
-        else:
-            self.timer = threading.Timer(self.DELAY_S, self._show, (done, total, name))
-            self.timer.daemon = True
-            self.timer.start()
-
-    def finish(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        with self.lock:
-            if self.shown:
-                _log(("\r" if self.tty else "") + "compiling kernels, first run only: done in "
-                     f"{time.perf_counter() - self.t0:.1f} s" + ("\x1b[K" if self.tty else ""))
+        self.step = (done, total, name)
+        if self.shown and self.tty and done < total:
+            self._show()
 
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
@@ -204,10 +225,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): "
                            f"{e}; use a smaller context") from None
 
-    progress = _Compiling(verbose)
     t_c = time.perf_counter()
-    model.warmup(progress=progress)
-    progress.finish()
+    with _Compiling(verbose) as progress:
+        model.warmup(progress=progress)
+    n_compiled = progress.compiles
     compile_ms = 1e3 * (time.perf_counter() - t_c)
 
     if prefill_check:
@@ -284,7 +305,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             "timings": timings,
         }))
     _log(f"load time        = {timings['load_ms']:10.2f} ms")
-    if compile_ms >= 500:
+    if n_compiled:
         _log(f"compile time     = {timings['compile_ms']:10.2f} ms")
     _log(f"prompt eval time = {prompt_ms:10.2f} ms / {len(prompt_ids):5d} tokens"
          f" ({timings['prompt_tokens_per_s'] or 0:8.2f} tokens per second)")

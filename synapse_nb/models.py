@@ -33,7 +33,9 @@ import click
 
 from .errors import SynapseError
 
-MODELS_TXT = Path(__file__).resolve().parents[1] / "models.txt"
+# models.txt is at the repository's top level; synapse_nb/models.txt (a symlink to it in the
+# repository, a copy in an installed wheel) is how the package finds it either way.
+MODELS_TXT = Path(__file__).parent / "models.txt"
 _CHUNK = 1 << 20
 
 

@@ -292,3 +292,28 @@ def test_ctrl_c_exits_130_and_keeps_output():
     rest, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
+
+
+def test_compile_notice_only_when_something_compiles():
+    # The first run may compile (or load) the kernels; a second run loads every kernel from
+    # Numba's cache, compiles nothing, and so prints no compile notice, even with -v.
+    args = (TINY / "tiny-llama-q8_0.gguf", "hi", "-n", "2", "-t", "1")
+    first = run(*args)
+    assert first.returncode == 0, first.stderr
+    for extra in ((), ("-v",)):
+        res = run(*args, *extra)
+        assert res.returncode == 0, res.stderr
+        assert b"compiling kernels" not in res.stderr and b"compile time" not in res.stderr, res.stderr
+
+
+def test_compile_notice_shown_when_compiling(tmp_path):
+    # With an empty Numba cache (NUMBA_CACHE_DIR pointing at a fresh directory) the run compiles
+    # and says so (one line at the start, one at the end, as stderr is not a terminal).
+    import os
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-f32.gguf", "hi", "-n", "1",
+                          "-t", "1"], capture_output=True, timeout=900, cwd=Path(__file__).parents[1], env=env)
+    assert res.returncode == 0, res.stderr
+    assert b"compiling kernels, first run only...\n" in res.stderr
+    assert b"compiling kernels, first run only: done in" in res.stderr

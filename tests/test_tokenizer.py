@@ -18,10 +18,11 @@ from synapse_nb.tokenizer import Tokenizer
 from synapse_nb.tokenizer.merge import PairTable
 from synapse_nb.tokenizer.pretokenize import PreTokenizer
 
+from conftest import real_model
+
 DATA = Path(__file__).parent / "data"
 VOCABS = ["llama-spm", "llama-bpe", "qwen2", "smollm", "mistral-spm-v1", "mistral-spm-v3",
           "mistral-tekken"]
-MODELS = Path("/root/.cache/synapse_nb/models")
 
 _cache: dict = {}
 
@@ -64,14 +65,12 @@ def test_real_smollm_goldens():
 
 
 @pytest.mark.parametrize("model,golden", [
-    ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.json"),
-    ("smollm2-135m-instruct-q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.json"),
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.json"),
+    ("smollm2-135m-instruct-q4_1", "SmolLM2-135M-Instruct.Q4_1.json"),
 ])
 def test_real_model_goldens(model, golden):
-    path = MODELS / model
-    if not path.exists():
-        pytest.skip(f"{path} not fetched")
-    t = load_tokenizer(open_gguf(path))
+    # where synapse_nb.models caches it (honours SYNAPSE_NB_MODELS); skips naming the fetch command
+    t = load_tokenizer(open_gguf(real_model(model)))
     for c in _real_cases(golden):
         assert t.tokenize(c["text"], True, c["parse_special"]) == c["tokens"], c["name"]
 
