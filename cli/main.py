@@ -86,7 +86,7 @@ class _Compiling:
     """stderr notice while kernels compile (a first run, or after the package changed).
 
     Loading kernels from Numba's cache compiles nothing and prints nothing: the notice is
-    shown only once a real compilation (synapse_nb.jitwatch) has run for 0.5 s (at once with
+    shown only once a real compilation (synapse_nb.jit) has run for 0.5 s (at once with
     -v). On a terminal the line is redrawn per warm-up step; into a file it is one line at the
     start and one at the end. Use as a context manager around the warm-up; call it with
     (done, total, name) per step.
@@ -106,7 +106,7 @@ class _Compiling:
         self._watch = None
 
     def __enter__(self):
-        from synapse_nb.jitwatch import watch_compiles
+        from synapse_nb.jit import watch_compiles
 
         self._watch = watch_compiles(self._on_compile)
         self._watch.__enter__()
@@ -156,7 +156,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     import numpy as np
 
     from synapse_nb import SynapseError
+    from synapse_nb.jit import import_numba_without_blas
     from synapse_nb.models import resolve_model
+
+    import_numba_without_blas()  # before the first kernel: saves SciPy's import (0.3 s)
     from synapse_nb.model import load_model
 
     if n_predict < 0:
