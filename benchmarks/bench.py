@@ -1,19 +1,24 @@
 """Benchmark synapse_nb against llama.cpp on the same machine, in the same run.
 
-    python benchmarks/bench.py MODEL [MODEL ...] [--runs 3] [--threads 2] [--no-llama-cpp]
+    python benchmarks/bench.py MODEL [MODEL ...] [--runs 3] [--threads 2]
+                               [--only short,long,start,compile,rss] [--llama-bin DIR] [--no-llama-cpp]
 
-MODEL is a models.txt name or a GGUF path. For each model it prints:
-- load time (GGUF header, vocabulary, tensor table), in-process;
-- kernel compile time with a cold cache (a fresh NUMBA_CACHE_DIR), and the warm
-  start: wall time from launching a fresh process to its first generated token;
-- prefill tokens/s on a 128-token prompt (two 64-token batches) and decode
-  tokens/s over 64 generated tokens, with --threads threads;
-- peak RSS of the process that ran prefill and decode.
-Every figure is the median of --runs runs (each in a fresh process). When
-llama_cpp (pip install llama-cpp-python) is importable, llama.cpp is measured
-on the same prompt and settings (n_threads, n_batch = n_ubatch = 64, F16 KV
-cache, flash attention off) and the ratios ours / llama.cpp are printed.
-Nothing here is asserted: it prints numbers.
+MODEL is a models.txt name or a GGUF path. llama.cpp is run from its own tools (llama-bench,
+llama-completion), built by ../shared/tools/build-llama-cpp.sh into
+${XDG_CACHE_HOME:-~/.cache}/synapse_nb/llama.cpp/src/build/bin (or --llama-bin / $LLAMA_CPP_BIN),
+in two settings:
+  default       what a llama.cpp user gets: weight repacking on, flash attention auto, its batch sizes;
+  like-for-like as synapse_nb runs: --repack 0, -fa off, -b 64 -ub 64 (the fixtures' settings).
+Figures (each the median over --runs repetitions; every ratio is ours / llama.cpp, higher is
+better for tok/s, lower for seconds and MiB):
+  short    prefill of 128 and 512 tokens (tok/s) and decode of 64 tokens (tok/s), as llama-bench
+           -p / -n: timed in-process after a warm-up, each repetition from an empty cache;
+  long     prefill of 3000 tokens, and decode of 32 tokens after a 3000-token prompt (-n 32 -d 3000);
+  start    wall time and peak RSS of a whole 1-token run of "Hello" with -c 512
+           (llama-decode vs llama-completion), a fresh process each;
+  compile  the kernel compile time of a first run (a cold Numba cache);
+  rss      peak RSS with a full 4096-token context (a 4064-token prompt, then 32 tokens decoded).
+Nothing here is asserted: it prints numbers. The machine is shared: compare ratios from one run.
 """
 
 from __future__ import annotations
@@ -21,170 +26,192 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-N_PROMPT = 128
-N_DECODE = 64
-PROMPT_TEXT = ("The history of the city begins with a small settlement on the river, where fishermen and traders "
-               "built their houses of wood and stone. Over the centuries it grew into a market town, then a port, "
-               "and finally the capital of a province whose roads reached every valley of the region. ")
+ROOT = Path(__file__).resolve().parents[1]
+LIKE_FOR_LIKE = ["--repack", "0", "-fa", "off", "-b", "64", "-ub", "64"]
 
 
-def _prompt_ids(tokenize, bos):
-    ids = tokenize(PROMPT_TEXT * 8)
-    ids = ([bos] if bos is not None else []) + [t for t in ids if t != bos]
-    return ids[:N_PROMPT]
+def _llama_bin(arg: str | None) -> Path | None:
+    cands = [arg, os.environ.get("LLAMA_CPP_BIN"),
+             str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "synapse_nb/llama.cpp/src/build/bin")]
+    for c in cands:
+        if c and (Path(c) / "llama-bench").is_file():
+            return Path(c)
+    return None
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-# ------------------------------------------------------------------ children (one measurement each)
-
-def child_ours(model: str, threads: int, mode: str) -> dict:
+def _run(cmd, env=None, stdin=subprocess.DEVNULL) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run cmd; returns (wall seconds, peak RSS MiB of the child, completed process)."""
     t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=stdin, env=env)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    res = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({res.returncode}):\n{err.decode()[-2000:]}")
+    return wall, ru.ru_maxrss / 1024.0, res
+
+
+# ------------------------------------------------------------------ our side, one child process per test
+
+def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth: int, reps: int) -> dict:
+    """In-process timing as llama-bench does it: a warm-up, then `reps` repetitions, each from an empty
+    cache; pp = prefill of n_prompt tokens in 64-token batches, tg = n_gen single-token decodes after
+    a depth-token prefill (untimed). Token ids are fixed pseudo-random ids, as llama-bench's."""
     import numpy as np
 
     import synapse_nb
 
-    model_obj = synapse_nb.load_model(model)
-    t_load = time.perf_counter()
-    model_obj.warmup()
-    t_compile = time.perf_counter()
-    tok = model_obj.tokenizer
-    ids = _prompt_ids(lambda s: tok.tokenize(s, add_special=False, parse_special=False), tok.bos_id)
-    sess = model_obj.new_session(n_ctx=N_PROMPT + N_DECODE + 8, n_threads=threads)
-    if mode == "start":  # command start to the first generated token
-        logits = sess.eval(ids[:16])
-        int(np.argmax(logits))
-        return {"load_s": t_load - t0, "compile_s": t_compile - t_load, "first_token_s": time.perf_counter() - t0}
-    tp = time.perf_counter()
-    logits = sess.eval(ids)
-    prefill_s = time.perf_counter() - tp
-    nxt = int(np.argmax(logits))
-    td = time.perf_counter()
-    for _ in range(N_DECODE):
-        nxt = int(np.argmax(sess.eval([nxt])))
-    decode_s = time.perf_counter() - td
-    return {"load_s": t_load - t0, "compile_s": t_compile - t_load, "prefill_tps": len(ids) / prefill_s,
-            "decode_tps": N_DECODE / decode_s, "peak_rss_mb": _peak_rss_mb()}
+    m = synapse_nb.load_model(model)
+    m.warmup()
+    rng = np.random.default_rng(0)
+    n_vocab = m.hparams.n_vocab
+    n_ctx = max(16, depth + n_prompt + n_gen)
+    s = m.new_session(n_ctx=n_ctx, n_threads=threads)
+    samples = []
+    for r in range(reps + 1):  # the first is the warm-up
+        s.reset()
+        if test == "pp":
+            ids = rng.integers(0, n_vocab, n_prompt).tolist()
+            t0 = time.perf_counter()
+            s.eval(ids)
+            dt = time.perf_counter() - t0
+            samples.append(n_prompt / dt)
+        else:
+            if depth:
+                s.eval(rng.integers(0, n_vocab, depth).tolist())
+            tok = int(rng.integers(0, n_vocab))
+            t0 = time.perf_counter()
+            for _ in range(n_gen):
+                tok = int(np.argmax(s.eval([tok])))
+            dt = time.perf_counter() - t0
+            samples.append(n_gen / dt)
+    return {"tps": statistics.median(samples[1:])}
 
 
-def child_llama_cpp(model: str, threads: int, mode: str) -> dict:
-    t0 = time.perf_counter()
-    import llama_cpp
-    import numpy as np
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=model, n_ctx=N_PROMPT + N_DECODE + 8, n_batch=64, n_ubatch=64, n_threads=threads,
-                n_threads_batch=threads, flash_attn=False, logits_all=False, verbose=False)
-    t_load = time.perf_counter()
-    ids = _prompt_ids(lambda s: llm.tokenize(s.encode(), add_bos=False, special=False), llm.token_bos())
-
-    def last_logits():  # the last evaluated row (only it is computed without logits_all)
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
-
-    if mode == "start":
-        llm.eval(ids[:16])
-        int(np.argmax(last_logits()))
-        return {"load_s": t_load - t0, "compile_s": 0.0, "first_token_s": time.perf_counter() - t0}
-    tp = time.perf_counter()
-    llm.eval(ids)
-    prefill_s = time.perf_counter() - tp
-    nxt = int(np.argmax(last_logits()))
-    td = time.perf_counter()
-    for _ in range(N_DECODE):
-        llm.eval([nxt])
-        nxt = int(np.argmax(last_logits()))
-    decode_s = time.perf_counter() - td
-    return {"load_s": t_load - t0, "compile_s": 0.0, "prefill_tps": len(ids) / prefill_s,
-            "decode_tps": N_DECODE / decode_s, "peak_rss_mb": _peak_rss_mb()}
+def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3) -> tuple[float, float]:
+    """(median tok/s, peak RSS MiB) of one child test."""
+    _, rss, res = _run([sys.executable, __file__, "--child", model, str(threads), test, str(n_prompt), str(n_gen),
+                        str(depth), str(reps)])
+    return json.loads(res.stdout.decode().strip().splitlines()[-1])["tps"], rss
 
 
-# ------------------------------------------------------------------ parent
-
-def _spawn(impl: str, model: str, threads: int, mode: str, env=None) -> dict:
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, __file__, "--child", impl, mode, model, str(threads)],
-                         capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise RuntimeError(f"{impl} {mode} failed:\n{res.stderr[-2000:]}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    out["wall_s"] = wall
-    return out
+def _decode_cmd() -> list[str]:
+    exe = shutil.which("llama-decode")
+    return [exe] if exe else [sys.executable, "-m", "cli.main"]
 
 
-def _median(rows, key):
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else float("nan")
+# ------------------------------------------------------------------ llama.cpp's side
+
+def llama_bench(bin_dir: Path, model, threads, extra, n_prompt=0, n_gen=0, depth=0, reps=3) -> tuple[float, float]:
+    """(median tok/s over llama-bench's repetitions, peak RSS MiB of the llama-bench process)."""
+    cmd = [bin_dir / "llama-bench", "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
+           "-d", str(depth), "-r", str(reps), "-o", "json", *extra]
+    _, rss, res = _run(cmd)
+    rows = json.loads(res.stdout.decode())
+    return statistics.median(rows[0]["samples_ts"]), rss
 
 
-def bench_model(model: str, runs: int, threads: int, with_llama: bool) -> None:
+# ------------------------------------------------------------------ report
+
+def _table(title, rows):
+    print(f"\n{title}")
+    print("| figure | synapse_nb | llama.cpp default | ratio | llama.cpp like-for-like | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, v, d, l in rows:
+        def cell(x):
+            return "-" if x is None else f"{x:.2f}"
+
+        def ratio(x):
+            return "-" if (x is None or v is None or x == 0) else f"{v / x:.2f}"
+
+        print(f"| {name} | {cell(v)} | {cell(d)} | {ratio(d)} | {cell(l)} | {ratio(l)} |")
+    sys.stdout.flush()
+
+
+def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only: set[str]) -> None:
     from synapse_nb.models import resolve_model
 
     path = str(resolve_model(model))
-    size_mb = os.path.getsize(path) / 2**20
-    print(f"\n## {model}  ({size_mb:.0f} MiB, {threads} threads, {runs} runs, median)")
+    size = os.path.getsize(path) / 2**20
+    print(f"\n## {model} ({size:.0f} MiB, {threads} threads, median of {runs})")
 
-    with tempfile.TemporaryDirectory() as cache:  # cold cache: every kernel compiles
-        cold = _spawn("ours", path, threads, "start", env={**os.environ, "NUMBA_CACHE_DIR": cache})
-    _spawn("ours", path, threads, "start")  # make sure the normal cache is warm
-    ours_start = [_spawn("ours", path, threads, "start") for _ in range(runs)]
-    ours_run = [_spawn("ours", path, threads, "run") for _ in range(runs)]
-    rows = [
-        ("load (s)", _median(ours_run, "load_s"), None),
-        ("compile, cold cache (s)", cold["compile_s"], None),
-        ("kernel cache load, warm (s)", _median(ours_start, "compile_s"), None),
-        ("warm start to first token (s)", _median(ours_start, "wall_s"), None),
-        ("prefill 128 tok (tok/s)", _median(ours_run, "prefill_tps"), None),
-        ("decode 64 tok (tok/s)", _median(ours_run, "decode_tps"), None),
-        ("peak RSS (MiB)", _median(ours_run, "peak_rss_mb"), None),
-    ]
-    if with_llama:
-        ll_start = [_spawn("llama_cpp", path, threads, "start") for _ in range(runs)]
-        ll_run = [_spawn("llama_cpp", path, threads, "run") for _ in range(runs)]
-        ref = {"load (s)": _median(ll_run, "load_s"), "warm start to first token (s)": _median(ll_start, "wall_s"),
-               "prefill 128 tok (tok/s)": _median(ll_run, "prefill_tps"),
-               "decode 64 tok (tok/s)": _median(ll_run, "decode_tps"),
-               "peak RSS (MiB)": _median(ll_run, "peak_rss_mb")}
-        rows = [(k, v, ref.get(k)) for k, v, _ in rows]
-    print(f"| {'figure':<32} | {'synapse_nb':>11} | {'llama.cpp':>10} | {'ratio':>6} |")
-    print(f"|{'-' * 34}|{'-' * 13}|{'-' * 12}|{'-' * 8}|")
-    for k, v, r in rows:
-        rs = f"{r:10.2f}" if r is not None else f"{'-':>10}"
-        ratio = f"{v / r:6.2f}" if r else f"{'-':>6}"
-        print(f"| {k:<32} | {v:11.2f} | {rs} | {ratio} |")
+    def both(n_prompt=0, n_gen=0, depth=0):
+        d = l = None
+        if bin_dir:
+            d = llama_bench(bin_dir, path, threads, [], n_prompt, n_gen, depth, runs)[0]
+            l = llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, n_prompt, n_gen, depth, runs)[0]
+        v = ours(path, threads, "pp" if n_prompt else "tg", n_prompt, n_gen, depth, runs)[0]
+        return v, d, l
+
+    if "short" in only:
+        rows = [(f"prefill {n} tok (tok/s)", *both(n_prompt=n)) for n in (128, 512)]
+        rows.append(("decode 64 tok (tok/s)", *both(n_gen=64)))
+        _table("short prompts", rows)
+    if "long" in only:
+        _table("long context", [("prefill 3000 tok (tok/s)", *both(n_prompt=3000)),
+                                ("decode 32 tok at depth 3000 (tok/s)", *both(n_gen=32, depth=3000))])
+    if "start" in only:
+        ours_cmd = [*_decode_cmd(), path, "Hello", "-n", "1", "-c", "512", "-t", str(threads)]
+        _run(ours_cmd)  # the kernel cache is warm
+        o = [_run(ours_cmd)[:2] for _ in range(runs)]
+        rows = [("warm start, 1-token run (s)", statistics.median(x[0] for x in o), None, None),
+                ("peak RSS of that run (MiB)", statistics.median(x[1] for x in o), None, None)]
+        if bin_dir:
+            def ll(extra):
+                cmd = [bin_dir / "llama-completion", "-m", path, "-p", "Hello", "-n", "1", "-c", "512", "-t",
+                       str(threads), "-no-cnv", *extra]
+                return [_run(cmd)[:2] for _ in range(runs)]
+            d, l = ll([]), ll(["--no-repack", "-fa", "off", "-b", "64", "-ub", "64"])
+            rows = [(rows[0][0], rows[0][1], statistics.median(x[0] for x in d), statistics.median(x[0] for x in l)),
+                    (rows[1][0], rows[1][1], statistics.median(x[1] for x in d), statistics.median(x[1] for x in l))]
+        _table("start-up (llama-decode vs llama-completion)", rows)
+    if "compile" in only:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+            wall, _, res = _run([*_decode_cmd(), path, "Hello", "-n", "1", "-c", "512", "-t", str(threads),
+                                 "--json"], env=env)
+        ms = json.loads(res.stdout.decode())["timings"]["compile_ms"]
+        _table("first run, cold Numba cache", [("kernel compile (s)", ms / 1e3, None, None),
+                                               ("whole first run (s)", wall, None, None)])
+    if "rss" in only:
+        v = ours(path, threads, "tg", 0, 32, 4064, 1)[1]
+        d = l = None
+        if bin_dir:
+            d = llama_bench(bin_dir, path, threads, [], 0, 32, 4064, 1)[1]
+            l = llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, 0, 32, 4064, 1)[1]
+        _table("memory", [("peak RSS, full 4096 context (MiB)", v, d, l)])
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        impl, mode, model, threads = sys.argv[2:6]
-        fn = child_ours if impl == "ours" else child_llama_cpp
-        print(json.dumps(fn(model, int(threads), mode)))
+        model, threads, test, n_prompt, n_gen, depth, reps = sys.argv[2:9]
+        print(json.dumps(child(model, int(threads), test, int(n_prompt), int(n_gen), int(depth), int(reps))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="short,long,start,compile,rss")
+    ap.add_argument("--llama-bin", default=None, help="directory of llama-bench and llama-completion")
     ap.add_argument("--no-llama-cpp", action="store_true")
     a = ap.parse_args()
-    try:
-        import llama_cpp  # noqa: F401
-
-        with_llama = not a.no_llama_cpp
-    except ImportError:
-        with_llama = False
-        print("llama_cpp not importable: measuring synapse_nb only (pip install llama-cpp-python)")
-    print(f"machine: {os.cpu_count()} cores, {os.uname().machine}, python {sys.version.split()[0]}")
+    bin_dir = None if a.no_llama_cpp else _llama_bin(a.llama_bin)
+    if bin_dir is None and not a.no_llama_cpp:
+        print("llama.cpp tools not found: measuring synapse_nb only (../shared/tools/build-llama-cpp.sh)")
+    print(f"machine: {os.cpu_count()} cores, {os.uname().machine}, python {sys.version.split()[0]}; "
+          f"llama.cpp: {bin_dir or '-'}")
     for m in a.models:
-        bench_model(m, a.runs, a.threads, with_llama)
+        bench_model(m, a.runs, a.threads, bin_dir, set(a.only.split(",")))
 
 
 if __name__ == "__main__":
