@@ -47,7 +47,8 @@ import numpy as np
 
 from .errors import SynapseError
 
-__all__ = ["Sampler", "MT19937", "LLAMA_DEFAULT_SEED", "DEFAULTS", "CHAIN_ORDER"]
+__all__ = ["Sampler", "MT19937", "LLAMA_DEFAULT_SEED", "DEFAULTS", "CHAIN_ORDER", "eog_logit_bias",
+           "parse_logit_bias", "sampler_from_options", "warmup"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # seed -1: a random seed
 
@@ -555,3 +556,107 @@ class Sampler:
         p = np.empty(n, np.float32)
         c.selected = int(_K().dist(c.logit, p, c.sorted, u))
         self.last_p = float(p[c.selected])
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for callers: EOG biases, command-line options, kernel warm-up
+# ---------------------------------------------------------------------------------------------
+
+def eog_logit_bias(eog_ids) -> list:
+    """The biases llama-completion's --ignore-eos adds: (id, -inf) for every end-of-generation
+    token, in ascending id order (common_init_from_params), after the user's own biases."""
+    return [(int(t), float("-inf")) for t in sorted(eog_ids)]
+
+
+# Command-line option -> Sampler parameter (llama.cpp's flag names, common/arg.cpp).
+CLI_PARAMS = {
+    "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "typical_p": "--typical",
+    "top_n_sigma": "--top-nsigma", "xtc_probability": "--xtc-probability", "xtc_threshold": "--xtc-threshold",
+    "dynatemp_range": "--dynatemp-range", "dynatemp_exponent": "--dynatemp-exp",
+    "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n",
+    "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+    "min_keep": "--min-keep", "seed": "-s/--seed", "logit_bias": "-l/--logit-bias",
+}
+# Flags of samplers not implemented (refused rather than ignored); their "disabled" value is accepted.
+CLI_REFUSED = {
+    "dry_multiplier": ("--dry-multiplier", "0"), "dry_base": ("--dry-base", None),
+    "dry_allowed_length": ("--dry-allowed-length", None), "dry_penalty_last_n": ("--dry-penalty-last-n", None),
+    "dry_sequence_breaker": ("--dry-sequence-breaker", None), "mirostat": ("--mirostat", "0"),
+    "mirostat_lr": ("--mirostat-lr", None), "mirostat_ent": ("--mirostat-ent", None),
+}
+
+
+def parse_logit_bias(text: str, n_vocab: int | None = None) -> tuple:
+    """One --logit-bias value, TOKEN_ID(+|-)BIAS as llama.cpp's ("15043+1", "15043-inf"), as
+    (id, bias). Raises SynapseError for another form or an id outside [0, n_vocab)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", text or "")
+    try:
+        bias = float(m.group(3)) if m else math.nan
+    except ValueError:
+        bias = math.nan
+    if m is None or math.isnan(bias):
+        raise SynapseError(f"-l/--logit-bias {text!r}: expected TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf")
+    tok = int(m.group(1))
+    if n_vocab is not None and tok >= n_vocab:
+        raise SynapseError(f"-l/--logit-bias {text!r}: token id {tok} is outside the vocabulary [0, {n_vocab})")
+    return tok, (-bias if m.group(2) == "-" else bias)
+
+
+def sampler_from_options(opts: dict, *, n_ctx: int, n_vocab: int, eog_ids=(), has_eos: bool = True,
+                         ignore_eos: bool = False):
+    """The Sampler the command line asks for, or None for greedy decoding.
+
+    opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
+    logit_bias a sequence of TOKEN(+|-)BIAS strings. If no sampling option is given, returns
+    None (the product's default stays greedy). Otherwise the options not given take llama.cpp's
+    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and
+    --repeat-last-n -1 means n_ctx; with ignore_eos (and a vocabulary that has an EOS token, else
+    llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
+    Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
+    """
+    for key, (flag, disabled) in CLI_REFUSED.items():
+        v = opts.get(key)
+        if v is None or v == () or v == []:
+            continue
+        if disabled is not None:
+            try:
+                if float(v) == float(disabled):
+                    continue
+            except (TypeError, ValueError):
+                pass
+        what = "DRY" if key.startswith("dry") else "mirostat"
+        raise SynapseError(f"{flag}: {what} sampling is not supported (llama.cpp's default chain without {what} is)")
+    given = {k: v for k, v in opts.items() if k in CLI_PARAMS and v is not None and v != () and v != []}
+    if not given:
+        return None
+    params = {k: v for k, v in DEFAULTS.items() if k in CLI_PARAMS}
+    params.update(given)
+    if isinstance(params["temp"], (int, float)) and params["temp"] < 0:
+        params["temp"] = 0.0
+    last_n = params["penalty_last_n"]
+    if isinstance(last_n, int) and last_n == -1:
+        params["penalty_last_n"] = n_ctx
+    elif isinstance(last_n, int) and last_n < -1:
+        raise SynapseError(f"--repeat-last-n must be >= -1 (-1 = context size), got {last_n}")
+    bias = [parse_logit_bias(t, n_vocab) for t in params["logit_bias"] or ()]
+    if ignore_eos and has_eos:
+        bias += eog_logit_bias(eog_ids)
+    params["logit_bias"] = bias
+    try:
+        return Sampler(**params)
+    except SynapseError as e:
+        msg = str(e)
+        for key, flag in CLI_PARAMS.items():
+            if msg.startswith(f"sampling: {key} "):
+                raise SynapseError(flag + msg[len(f"sampling: {key}"):]) from None
+        raise
+
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) every sampling kernel, on a tiny row."""
+    row = np.linspace(-3, 3, 300, dtype=np.float32)
+    for params in ({"top_k": 40}, {"top_k": 200, "typical_p": 0.9, "top_n_sigma": 2.0, "dynatemp_range": 0.3},
+                   {"top_k": 0, "top_p": 0.9, "min_p": 0.0, "temp": 0.0, "xtc_probability": 1.0}):
+        Sampler(seed=0, **params).sample(np.tile(row, 4))
