@@ -217,7 +217,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if sampler is not None:
         from synapse_nb.sampling import warmup as _sampling_warmup
 
-        _sampling_warmup()
+        _sampling_warmup(sampler)
     progress.finish()
     compile_ms = 1e3 * (time.perf_counter() - t_c)
 
@@ -408,7 +408,7 @@ def _sampling_options(f):
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                  no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, **sampling):
-    """Greedy continuation of PROMPT by the GGUF model MODEL, streamed to stdout.
+    """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
     `python -m synapse_nb.models fetch NAME`). PROMPT '-' reads standard input.

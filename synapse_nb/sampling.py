@@ -253,6 +253,11 @@ class Sampler:
                  top_n_sigma=-1.0, xtc_probability=0.0, xtc_threshold=0.1, dynatemp_range=0.0,
                  dynatemp_exponent=1.0, seed=-1, logit_bias=(), dry_multiplier=0.0, dry_base=1.75,
                  dry_allowed_length=2, dry_penalty_last_n=64):
+        self._params = dict(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                            min_keep=min_keep, penalty_last_n=penalty_last_n, repeat_penalty=repeat_penalty,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            top_n_sigma=top_n_sigma, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                            dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent)
         self.temp = _f32_param("temp", temp)
         self.top_k = _int_param("top_k", top_k, -2**31, 2**31 - 1)
         self.top_p = _f32_param("top_p", top_p)
@@ -654,9 +659,16 @@ def sampler_from_options(opts: dict, *, n_ctx: int, n_vocab: int, eog_ids=(), ha
         raise
 
 
-def warmup() -> None:
-    """Compile (or load from Numba's cache) every sampling kernel, on a tiny row."""
-    row = np.linspace(-3, 3, 300, dtype=np.float32)
-    for params in ({"top_k": 40}, {"top_k": 200, "typical_p": 0.9, "top_n_sigma": 2.0, "dynatemp_range": 0.3},
-                   {"top_k": 0, "top_p": 0.9, "min_p": 0.0, "temp": 0.0, "xtc_probability": 1.0}):
-        Sampler(seed=0, **params).sample(np.tile(row, 4))
+def warmup(sampler: Sampler | None = None) -> None:
+    """Compile (or load from Numba's cache) the kernels ``sampler``'s chain uses (all of them
+    without a sampler), by sampling a 1,200-logit row with the same parameters."""
+    row = np.tile(np.linspace(-3, 3, 300, dtype=np.float32), 4)
+    if sampler is not None:
+        configs = [sampler._params]
+    else:
+        configs = [{"top_k": 40}, {"top_k": 200, "typical_p": 0.9, "top_n_sigma": 2.0, "dynatemp_range": 0.3},
+                   {"top_k": 0, "top_p": 0.9, "min_p": 0.0, "temp": 0.0, "xtc_probability": 1.0}]
+    for params in configs:
+        s = Sampler(**{**params, "seed": 0})
+        s.accept_many([0, 1])
+        s.sample(row)
