@@ -203,7 +203,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if ignore_eos and sampling and tok.eos_id is None and any(v not in (None, ()) for v in sampling.values()):
         _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False
-    sampler = sampler_from_options(sampling or {}, n_ctx=n_ctx, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
+    sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                    has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
     try:
         session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
@@ -365,7 +365,7 @@ def _sampling_options(f):
         click.option("--dynatemp-exp", "dynatemp_exponent", **F, help="Dynamic temperature exponent [1.0]."),
         click.option("--repeat-penalty", **F, help="Repeat penalty, 1.0 = off [1.0]."),
         click.option("--repeat-last-n", "penalty_last_n", type=int, default=None, metavar="N",
-                     help="Last N tokens (prompt included) to penalize, 0 = off, -1 = context size [64]."),
+                     help="Last N tokens (prompt included) to penalize, 0 = off [64]."),
         click.option("--presence-penalty", **F, help="Presence penalty, 0.0 = off [0.0]."),
         click.option("--frequency-penalty", **F, help="Frequency penalty, 0.0 = off [0.0]."),
         click.option("--min-keep", type=int, default=None, metavar="N",

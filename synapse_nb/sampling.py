@@ -147,7 +147,6 @@ class _Cands:
     __slots__ = ("ids", "logit", "p", "sorted", "identity", "selected")
 
     def __init__(self, logits: np.ndarray):
-        n = logits.shape[0]
         self.ids = None  # identity: materialised on the first reorder
         self.logit = logits
         self.p = None
@@ -441,10 +440,8 @@ class Sampler:
         c.logit = c.logit[:m]
         if c.p is not None:
             c.p = c.p[:m]
-        if not c.identity:
+        if not c.identity:  # (a prefix of 0..n-1 stays 0..m-1)
             c.ids = c.ids[:m]
-        elif m < c.size:
-            pass  # identity prefix stays identity
 
     def _typical(self, c: _Cands) -> None:
         """llama_sampler_typical_apply: sort, entropy, std::sort of indices by |-log p - H|."""
@@ -609,15 +606,15 @@ def parse_logit_bias(text: str, n_vocab: int | None = None) -> tuple:
     return tok, (-bias if m.group(2) == "-" else bias)
 
 
-def sampler_from_options(opts: dict, *, n_ctx: int, n_vocab: int, eog_ids=(), has_eos: bool = True,
+def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool = True,
                          ignore_eos: bool = False):
     """The Sampler the command line asks for, or None for greedy decoding.
 
     opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
     logit_bias a sequence of TOKEN(+|-)BIAS strings. If no sampling option is given, returns
     None (the product's default stays greedy). Otherwise the options not given take llama.cpp's
-    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and
-    --repeat-last-n -1 means n_ctx; with ignore_eos (and a vocabulary that has an EOS token, else
+    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and a
+    negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
     llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
     Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
     """
@@ -640,11 +637,8 @@ def sampler_from_options(opts: dict, *, n_ctx: int, n_vocab: int, eog_ids=(), ha
     params.update(given)
     if isinstance(params["temp"], (int, float)) and params["temp"] < 0:
         params["temp"] = 0.0
-    last_n = params["penalty_last_n"]
-    if isinstance(last_n, int) and last_n == -1:
-        params["penalty_last_n"] = n_ctx
-    elif isinstance(last_n, int) and last_n < -1:
-        raise SynapseError(f"--repeat-last-n must be >= -1 (-1 = context size), got {last_n}")
+    if isinstance(params["penalty_last_n"], int) and params["penalty_last_n"] < 0:
+        raise SynapseError(f"--repeat-last-n must be >= 0 (0 = off), got {params['penalty_last_n']}")
     bias = [parse_logit_bias(t, n_vocab) for t in params["logit_bias"] or ()]
     if ignore_eos and has_eos:
         bias += eog_logit_bias(eog_ids)

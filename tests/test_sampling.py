@@ -283,7 +283,7 @@ def test_cli_random_seed_printed():
     (["--temp", "x"], "--temp"),
     (["--repeat-penalty", "0"], "--repeat-penalty"),
     (["--min-keep", "-1"], "--min-keep"),
-    (["--repeat-last-n", "-2"], "--repeat-last-n"),
+    (["--repeat-last-n", "-1"], "--repeat-last-n"),
     (["--seed", "-2"], "--seed"),
     (["--logit-bias", "5x3"], "--logit-bias"),
     (["--logit-bias", "99999+1"], "--logit-bias"),
