@@ -200,11 +200,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
     from synapse_nb.sampling import sampler_from_options
 
-    if ignore_eos and sampling and tok.eos_id is None and any(v not in (None, ()) for v in sampling.values()):
-        _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
-        ignore_eos = False
     sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                    has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+    if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
+        _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
+        ignore_eos = False
     try:
         session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
     except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
