@@ -1,4 +1,4 @@
-"""llama-decode: greedy decoding of a GGUF model, as llama.cpp's completion tool.
+"""llama-decode: greedy decoding (or llama.cpp's sampling) of a GGUF model, as llama.cpp's completion tool.
 
 The command only parses arguments, calls the library and prints: generated
 text (or JSON, or token ids) on stdout; logs, progress and timings on stderr.
@@ -152,7 +152,7 @@ class _Compiling:
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
          no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out,
-         prefill_check, verbose):
+         prefill_check, verbose, sampling=None):
     import numpy as np
 
     from synapse_nb import SynapseError
@@ -222,6 +222,13 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
                            f"this machine's memory; use a smaller context")
     if n_ctx > hp.n_ctx_train:
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
+    from synapse_nb.sampling import sampler_from_options
+
+    sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
+                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+    if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
+        _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
+        ignore_eos = False
     try:
         session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
     except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
@@ -231,6 +238,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     t_c = time.perf_counter()
     with _Compiling(verbose) as progress:
         model.warmup(progress=progress)
+        if sampler is not None:
+            from synapse_nb.sampling import warmup as _sampling_warmup
+
+            _sampling_warmup(sampler)
     n_compiled = progress.compiles
     compile_ms = 1e3 * (time.perf_counter() - t_c)
 
@@ -267,8 +278,13 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         if want_rows:
             rows.append(row[None, :])
 
+    if sampler is not None:
+        _log(f"sampler seed: {sampler.seed}")
+        if verbose:
+            _log("sampler chain: logits -> " + " -> ".join(sampler.chain))
+        sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
     try:
-        for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits):
+        for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler):
             generated.append(nxt)
             if nxt in tok.eog_ids and not ignore_eos:
                 stop = "eog"
@@ -306,6 +322,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             "text": tok.detokenize(generated, special=False),
             "stop": stop,
             "timings": timings,
+            **({"seed": sampler.seed} if sampler is not None else {}),
         }))
     _log(f"load time        = {timings['load_ms']:10.2f} ms")
     if n_compiled:
@@ -352,6 +369,44 @@ def _save_npy(dest: str, array) -> None:
             os.unlink(tmp)
 
 
+def _sampling_options(f):
+    """The sampling options (llama.cpp's names and meanings), passed to the command as **sampling.
+
+    Any of them switches from greedy decoding to llama.cpp's sampler chain (synapse_nb.sampling),
+    the options not given taking llama.cpp's defaults.
+    """
+    F = dict(type=float, default=None, metavar="N")
+    opts = [
+        click.option("--temp", **F, help="Sampling temperature [0.8]."),
+        click.option("--top-k", type=int, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
+        click.option("--top-p", **F, help="Top-p sampling, 1.0 = off [0.95]."),
+        click.option("--min-p", **F, help="Min-p sampling, 0.0 = off [0.05]."),
+        click.option("--typical", "typical_p", **F, help="Locally typical sampling p, 1.0 = off [1.0]."),
+        click.option("--top-nsigma", "top_n_sigma", **F, help="Top-n-sigma sampling, -1 = off [-1]."),
+        click.option("--xtc-probability", **F, help="XTC probability, 0.0 = off [0.0]."),
+        click.option("--xtc-threshold", **F, help="XTC threshold, > 0.5 = off [0.1]."),
+        click.option("--dynatemp-range", **F, help="Dynamic temperature range, 0.0 = off [0.0]."),
+        click.option("--dynatemp-exp", "dynatemp_exponent", **F, help="Dynamic temperature exponent [1.0]."),
+        click.option("--repeat-penalty", **F, help="Repeat penalty, 1.0 = off [1.0]."),
+        click.option("--repeat-last-n", "penalty_last_n", type=int, default=None, metavar="N",
+                     help="Last N tokens (prompt included) to penalize, 0 = off [64]."),
+        click.option("--presence-penalty", **F, help="Presence penalty, 0.0 = off [0.0]."),
+        click.option("--frequency-penalty", **F, help="Frequency penalty, 0.0 = off [0.0]."),
+        click.option("--min-keep", type=int, default=None, metavar="N",
+                     help="Minimum candidates each sampler keeps [0]."),
+        click.option("-s", "--seed", type=int, default=None, metavar="SEED",
+                     help="RNG seed, -1 = random (the seed used is printed on stderr) [-1]."),
+        click.option("-l", "--logit-bias", multiple=True, metavar="TOKEN(+|-)BIAS",
+                     help="Add BIAS to TOKEN's logit, e.g. 15043+1 or 15043-inf (repeatable)."),
+    ]
+    refused = ["--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
+               "--dry-sequence-breaker", "--mirostat", "--mirostat-lr", "--mirostat-ent"]
+    opts += [click.option(name, type=str, default=None, hidden=True) for name in refused]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("model")
 @click.argument("prompt", required=False)
@@ -373,19 +428,29 @@ def _save_npy(dest: str, array) -> None:
 @click.option("--prefill-check", is_flag=True,
               help="Check that batched prefill equals token-by-token decoding bit for bit; exit 1 if not.")
 @click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors.")
+@_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose):
-    """Greedy continuation of PROMPT by the GGUF model MODEL, streamed to stdout.
+                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, **sampling):
+    """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
     `python -m synapse_nb.models fetch NAME`). PROMPT '-' reads standard input.
+
+    Decoding is greedy by default (argmax, lowest id on ties, no RNG), unlike
+    llama-completion, which samples by default. Any sampling option (--temp,
+    --top-k, ..., -s/--seed, -l/--logit-bias) switches to llama.cpp's sampler
+    chain, token for token as llama.cpp samples, the options not given taking
+    llama.cpp's defaults (shown in brackets: top-k 40, top-p 0.95, min-p 0.05,
+    temp 0.8, seed -1 = random). With it, --ignore-eos biases end-of-generation
+    tokens to -inf, as llama-completion does. DRY and mirostat are not supported.
 
     \b
     Examples:
       llama-decode smollm2-135m-instruct-q4_1 "The capital of France is" -n 32
       llama-decode model.gguf -f prompt.txt --json
       llama-decode model.gguf "Hello" --prefill-check
+      llama-decode model.gguf "Once upon a time" --temp 0.8 --seed 42
     """
     from synapse_nb import SynapseError
 
@@ -398,7 +463,8 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
     warnings.showwarning = _warn
     try:
         code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                    no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose)
+                    no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
+                    sampling=sampling)
     except click.ClickException:
         raise
     except SynapseError as e:

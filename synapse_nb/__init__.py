@@ -10,11 +10,12 @@ Modules, one concern each:
   model       the Llama-family graph (Model, forward)
   session     KV cache, prefill/decode loop, prefill check
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
+  sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
 """
 
 from .errors import SynapseError
 
-__all__ = ["SynapseError", "load_model", "load_tokenizer"]
+__all__ = ["SynapseError", "Sampler", "load_model", "load_tokenizer"]
 __version__ = "0.1.0"
 
 
@@ -34,3 +35,12 @@ def load_tokenizer(path):
     from .tokenizer import load_tokenizer as _load
 
     return _load(path)
+
+
+def __getattr__(name):
+    # Sampler is imported on first use: `import synapse_nb` stays free of numpy/Numba imports.
+    if name == "Sampler":
+        from .sampling import Sampler
+
+        return Sampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

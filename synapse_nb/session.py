@@ -108,13 +108,18 @@ class Session:
                 last = logits[-1].copy()
         return out if all_logits else last
 
-    def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None) -> list[int]:
+    def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None,
+                 sampler=None) -> list[int]:
         """Greedy continuation: eval the prompt, then argmax (lowest id on ties) token by token.
 
         Stops after n_predict tokens, or at an end-of-generation token of the vocabulary (which is
         returned as the last token, not passed to on_token) unless ignore_eos. on_token(id) is
         called for each other token as it is chosen. Raises SynapseError when n_past + prompt +
         n_predict exceeds n_ctx (checked before anything is evaluated).
+
+        sampler: a synapse_nb.Sampler to draw the tokens instead of argmax; the prompt tokens are
+        passed to its accept() first, as llama-completion does. (ignore_eos does not bias the
+        sampler: build it with logit_bias=synapse_nb.sampling.eog_logit_bias(...) for that.)
         """
         prompt = list(prompt_tokens)
         if n_predict < 0:
@@ -125,11 +130,13 @@ class Session:
                                f"predicted tokens = {need} exceed n_ctx = {self.n_ctx}")
         eog = self._eog_ids(ignore_eos)
         out: list[int] = []
+        if sampler is not None:
+            sampler.accept_many(prompt)
         if n_predict == 0:
             if prompt:
                 self.eval(prompt)
             return out
-        for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos):
+        for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos, sampler=sampler):
             out.append(tok)
             if on_token is not None and tok not in eog:
                 on_token(tok)
@@ -138,9 +145,10 @@ class Session:
     def _eog_ids(self, ignore_eos: bool) -> set:
         return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
 
-    def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None):
+    def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None, sampler=None):
         """Yield up to n_predict greedy tokens continuing from ``logits`` (float32 [n_vocab], the
-        last evaluated position): argmax, the lowest id on ties.
+        last evaluated position): argmax, the lowest id on ties; or, with a synapse_nb.Sampler,
+        sampler.sample(logits) (which accepts the token; the caller accepts the prompt first).
 
         Each token is yielded before it is evaluated, so a caller can stream it; it is then
         appended to the cache and its logits (float32 [n_vocab]) passed to on_logits(row), if
@@ -149,7 +157,7 @@ class Session:
         """
         eog = self._eog_ids(ignore_eos)
         for i in range(n_predict):
-            tok = int(np.argmax(logits))  # first maximum: lowest id on ties
+            tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits)  # argmax: lowest id on ties
             yield tok
             if tok in eog or i == n_predict - 1:
                 return
