@@ -336,12 +336,15 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
         raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache: {e}; use a smaller context") \
             from None
     progress = _Compiling(verbose)
-    model.warmup(progress=progress)
-    progress.finish()
+
+    def warmup():
+        model.warmup(progress=progress)
+        progress.finish()
+
     return run_conversation(model, session, first_user=first, system_prompt=chat["system_prompt"],
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
-                            as_json=as_json, verbose=verbose, log=_log)
+                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup)
 
 
 def _check_output(dest: str, inputs) -> None:

@@ -334,6 +334,14 @@ class Conversation:
         text = self.render(self.messages + [{"role": "user", "content": user_text}], True)
         return self.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
+    def check_fits(self, full: list[int]) -> None:
+        """Raise SynapseError unless the rendered conversation `full` (token ids) leaves at least
+        one context position for the reply."""
+        if len(full) >= self.session.n_ctx:
+            raise SynapseError(f"the conversation with this turn is {len(full)} tokens, it does not fit in the "
+                               f"context (n_ctx = {self.session.n_ctx}); start a new conversation or raise "
+                               f"-c/--ctx-size")
+
     def reply(self, user_text: str, n_predict: int = -1, on_piece=None) -> TurnResult:
         """Add a user turn, evaluate the tokens not cached yet, generate the reply greedily.
 
@@ -346,9 +354,7 @@ class Conversation:
         s = self.session
         full = self.prompt_tokens(user_text)
         n_ctx = s.n_ctx
-        if len(full) >= n_ctx:
-            raise SynapseError(f"the conversation with this turn is {len(full)} tokens, it does not fit in the "
-                               f"context (n_ctx = {n_ctx}); start a new conversation or raise -c/--ctx-size")
+        self.check_fits(full)
         k = 0
         lim = min(len(self.cached), len(full))
         while k < lim and self.cached[k] == full[k]:
@@ -411,7 +417,15 @@ def _read_turn(prompt_on_tty: bool):
     if prompt_on_tty and sys.stdin.isatty():
         if sys.stdout.isatty():
             try:
-                return input("> ")
+                import readline  # noqa: F401  line editing and history; input() then prompts on stdout
+            except ImportError:  # without it CPython writes input()'s prompt to stderr
+                sys.stdout.write("> ")
+                sys.stdout.flush()
+                prompt = ""
+            else:
+                prompt = "> "
+            try:
+                return input(prompt)
             except EOFError:
                 return None
         sys.stderr.write("> ")
@@ -433,7 +447,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
                      single_turn: bool = False, n_predict: int = -1, jinja: bool = True,
                      chat_template: str | None = None, template_origin: str | None = None,
                      ignore_eos: bool = False, as_json: bool = False, verbose: bool = False,
-                     log=None) -> int:
+                     log=None, warmup=None) -> int:
     """The CLI's -cnv (conversation) and -st (single turn); returns the exit status.
 
     Turns: first_user (PROMPT/-p/-f) if given, then one line of standard input per turn ("> " on a
@@ -442,12 +456,18 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     object per turn instead (model, prompt_tokens: the rendered conversation's ids, tokens, text, stop,
     n_reused, n_evaluated, n_past, timings). Ctrl-C stops the current reply; Ctrl-C at the prompt
     raises KeyboardInterrupt (the CLI exits 130). log(str) writes stderr lines; verbose logs each
-    turn's cache reuse. Raises SynapseError for a missing/bad template or a turn that does not fit.
+    turn's cache reuse. warmup(), if given, is called once the template and a given first turn are
+    checked, before anything is evaluated (the CLI compiles the kernels there). Raises SynapseError for
+    a missing/bad template or a turn that does not fit.
     """
     tok = model.tokenizer
     log = log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
     render = chat_renderer(tok, chat_template, template_origin, jinja, system_prompt)
     conv = Conversation(session, render, system_prompt, ignore_eos=ignore_eos)
+    if first_user is not None:
+        conv.check_fits(conv.prompt_tokens(first_user))  # before the wait for the kernels
+    if warmup is not None:
+        warmup()
     out = sys.stdout.buffer
 
     def on_piece(b):
