@@ -146,6 +146,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             raise click.UsageError(f"{bad[0]} does not apply to -cnv/--conversation or -st/--single-turn")
         return _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json,
                      verbose, chat)
+    if chat is not None and (chat["system_prompt"] is not None or chat["chat_template_file"] is not None):
+        raise click.UsageError("-sys/--system-prompt and --chat-template-file apply to -cnv/--conversation or "
+                               "-st/--single-turn")
     if n_predict < 0:
         raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
     if batch_size < 1:

@@ -10,6 +10,7 @@ Modules, one concern each:
   model       the Llama-family graph (Model, forward)
   session     KV cache, prefill/decode loop, prefill check
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
+  chat        chat templates rendered as llama.cpp, conversations on one KV cache
 """
 
 from .errors import SynapseError

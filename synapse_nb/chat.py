@@ -238,16 +238,16 @@ def chat_template_of(tokenizer, chat_template: str | None = None, origin: str | 
     (cached on the tokenizer). Raises SynapseError naming --chat-template-file when there is none."""
     if chat_template is not None:
         return ChatTemplate(chat_template, origin or "the given template")
-    cached = getattr(tokenizer, "_chat_template_obj", None)
-    if cached is not None:
-        return cached
     src = getattr(tokenizer, "chat_template", None)
     name = getattr(tokenizer, "source_name", "") or "the model"
     if src is None:
         raise SynapseError(f"{name} has no chat template (no tokenizer.chat_template key); give one with "
                            f"--chat-template-file FILE")
+    cached = getattr(tokenizer, "_chat_template_obj", None)
+    if cached is not None and cached[0] is src:  # parsed once per template text
+        return cached[1]
     tmpl = ChatTemplate(src, f"{name} (tokenizer.chat_template)")
-    tokenizer._chat_template_obj = tmpl
+    tokenizer._chat_template_obj = (src, tmpl)
     return tmpl
 
 

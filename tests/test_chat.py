@@ -398,3 +398,34 @@ def test_pty_exit_command(tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, log.read_text()
+
+
+def test_conversation_rewinds_to_the_first_differing_token():
+    from synapse_nb import load_model
+    from synapse_nb.chat import Conversation, chat_renderer
+
+    model = load_model(real_model(SMOL))
+    tok = model.tokenizer
+    conv = Conversation(model.new_session(n_ctx=256, n_threads=2), chat_renderer(tok), "You are terse.")
+    r1 = conv.reply("Name a color.", n_predict=8)
+    assert r1.n_reused == 0 and r1.n_evaluated == len(r1.prompt_tokens)
+    conv.messages[-1]["content"] = "Red."  # the history now differs from the cache at the reply's first token
+    r2 = conv.reply("Another one.", n_predict=8)
+    assert tok.tokenize("Red.", False, False)[0] != r1.tokens[0]
+    assert r2.prompt_tokens[:len(r1.prompt_tokens)] == r1.prompt_tokens
+    assert r2.n_reused == len(r1.prompt_tokens)  # kept up to the reply, re-evaluated from there
+    assert r2.n_evaluated == len(r2.prompt_tokens) - r2.n_reused
+    assert r2.n_past == conv.session.n_past == len(conv.cached)
+    # the same greedy tokens as a fresh session evaluating the whole prompt at once
+    fresh = model.new_session(n_ctx=256, n_threads=2)
+    assert fresh.generate(r2.prompt_tokens, 8) == r2.tokens
+
+
+def test_jinja2_is_imported_only_to_render():
+    code = ("import sys, synapse_nb, synapse_nb.chat, synapse_nb.tokenizer, cli.main; "
+            "assert 'jinja2' not in sys.modules; "
+            "t = synapse_nb.load_tokenizer(sys.argv[1]); t.apply_chat_template([{'role': 'user', 'content': 'a'}]); "
+            "assert 'jinja2' in sys.modules")
+    res = subprocess.run([sys.executable, "-c", code, str(VOCAB / "ggml-vocab-qwen2.gguf")], cwd=ROOT,
+                         capture_output=True)
+    assert res.returncode == 0, res.stderr.decode()
