@@ -314,8 +314,10 @@ class Conversation:
 
     session: a synapse_nb Session (its cache is used from position 0 on; it is rewound when the
     rendered conversation stops matching what it holds). render(messages, add_generation_prompt)
-    -> str renders the conversation (e.g. functools.partial(apply_chat_template, tokenizer)).
-    system_prompt: an optional first system message.
+    -> str renders the conversation (chat_renderer(tokenizer) gives llama.cpp's rendering).
+    system_prompt: an optional first system message; ignore_eos: replies do not end at
+    end-of-generation tokens. Attributes: messages (the history, [{"role", "content"}]), cached
+    (the token ids in the KV cache, len == session.n_past).
     """
 
     def __init__(self, session, render, system_prompt: str | None = None, ignore_eos: bool = False):
