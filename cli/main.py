@@ -152,7 +152,7 @@ class _Compiling:
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
          no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out,
-         prefill_check, verbose, sampling=None):
+         prefill_check, verbose, sampling=None, chat=None):
     import numpy as np
 
     from synapse_nb import SynapseError
@@ -162,6 +162,17 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     import_numba_without_blas()  # before the first kernel: saves SciPy's import (0.3 s)
     from synapse_nb.model import load_model
 
+    if chat is not None and (chat["conversation"] or chat["single_turn"]):
+        bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
+                                    ("--prefill-check", prefill_check), ("--no-parse-special", no_parse_special),
+                                    ("--no-add-special", no_add_special)) if v]
+        if bad:
+            raise click.UsageError(f"{bad[0]} does not apply to -cnv/--conversation or -st/--single-turn")
+        return _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json,
+                     verbose, chat, sampling)
+    if chat is not None and (chat["system_prompt"] is not None or chat["chat_template_file"] is not None):
+        raise click.UsageError("-sys/--system-prompt and --chat-template-file apply to -cnv/--conversation or "
+                               "-st/--single-turn")
     if n_predict < 0:
         raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
     if batch_size < 1:
@@ -335,6 +346,62 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     return EXIT_INTERRUPTED if stop == "interrupted" else 0
 
 
+def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json, verbose, chat,
+          sampling=None):
+    """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
+    from synapse_nb import SynapseError
+    from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
+    from synapse_nb.model import load_model
+    from synapse_nb.models import resolve_model
+
+    if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
+        n_predict = -1  # llama.cpp's default in conversation: until end-of-generation or a full context
+    if n_predict < -1:
+        raise click.BadParameter("must be >= -1 (-1: no limit)", param_hint="-n/--n-predict")
+    for v, hint in ((batch_size, "-b/--batch-size"), (threads, "-t/--threads"), (ctx_size, "-c/--ctx-size")):
+        if v is not None and v < 1:
+            raise click.BadParameter("must be >= 1", param_hint=hint)
+    template = origin = None
+    if chat["chat_template_file"] is not None:
+        template, origin = read_template_file(chat["chat_template_file"]), chat["chat_template_file"]
+    first = _read_prompt(prompt, file) if prompt is not None or file is not None else None
+    path = resolve_model(model_arg)
+    model = load_model(path)
+    hp = model.hparams
+    chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
+    n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
+    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
+    if kv_bytes > _physical_memory():
+        raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
+                           f"this machine's memory; use a smaller context")
+    n_threads = threads or os.cpu_count() or 1
+    try:
+        session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+    except (MemoryError, OSError) as e:
+        raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache: {e}; use a smaller context") \
+            from None
+    from synapse_nb.sampling import sampler_from_options
+
+    tok = model.tokenizer
+    sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
+                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+    if sampler is not None:
+        _log(f"sampler seed: {sampler.seed}")
+
+    def warmup():
+        with _Compiling(verbose) as progress:
+            model.warmup(progress=progress)
+            if sampler is not None:
+                from synapse_nb.sampling import warmup as _sampling_warmup
+
+                _sampling_warmup(sampler)
+
+    return run_conversation(model, session, first_user=first, system_prompt=chat["system_prompt"],
+                            single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
+                            chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
+                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler)
+
+
 def _check_output(dest: str, inputs) -> None:
     """--logits-out must not be an input (the model, the -f prompt file) nor any existing file."""
     from synapse_nb import SynapseError
@@ -428,10 +495,23 @@ def _sampling_options(f):
 @click.option("--prefill-check", is_flag=True,
               help="Check that batched prefill equals token-by-token decoding bit for bit; exit 1 if not.")
 @click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors.")
+@click.option("-p", "--prompt", "prompt_opt", type=str, default=None, metavar="TEXT",
+              help="The prompt (llama.cpp's -p), instead of PROMPT; the first user turn with -cnv/-st.")
+@click.option("-cnv", "--conversation", is_flag=True,
+              help="Chat: one user turn per line of stdin ('> ' on a terminal), replies streamed; /exit or EOF ends.")
+@click.option("-st", "--single-turn", is_flag=True,
+              help="Chat for one turn: PROMPT/-p/-f (else one stdin line) as the user message, then exit.")
+@click.option("-sys", "--system-prompt", type=str, default=None, metavar="TEXT",
+              help="System message at the start of the chat (-cnv/-st).")
+@click.option("--chat-template-file", type=str, default=None, metavar="FILE",
+              help="Jinja chat template to use instead of the model's tokenizer.chat_template.")
+@click.option("--jinja/--no-jinja", default=True, show_default=True,
+              help="Run the chat template (--jinja), or use the built-in ChatML format (--no-jinja).")
 @_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, **sampling):
+                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, prompt_opt,
+                 conversation, single_turn, system_prompt, chat_template_file, jinja, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -462,9 +542,15 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
 
     warnings.showwarning = _warn
     try:
+        if prompt_opt is not None:
+            if prompt is not None:
+                raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
+            prompt = prompt_opt
+        chat = dict(conversation=conversation, single_turn=single_turn, system_prompt=system_prompt,
+                    chat_template_file=chat_template_file, jinja=jinja)
         code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                     no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
-                    sampling=sampling)
+                    sampling=sampling, chat=chat)
     except click.ClickException:
         raise
     except SynapseError as e:

@@ -11,6 +11,7 @@ Modules, one concern each:
   session     KV cache, prefill/decode loop, prefill check
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
+  chat        chat templates rendered as llama.cpp, conversations on one KV cache
 """
 
 from .errors import SynapseError

@@ -72,6 +72,14 @@ class Session:
         """Empty the KV cache (n_past = 0). Stale entries are never read: attention stops at p."""
         self._n_past = 0
 
+    def truncate(self, n_past: int) -> None:
+        """Keep the first n_past cached positions and drop the rest (llama_memory_seq_rm(mem, 0,
+        n_past, -1)), so the next eval continues at position n_past. Raises SynapseError unless
+        0 <= n_past <= self.n_past."""
+        if not isinstance(n_past, (int, np.integer)) or not 0 <= n_past <= self._n_past:
+            raise SynapseError(f"truncate: n_past must be in [0, {self._n_past}], got {n_past!r}")
+        self._n_past = int(n_past)
+
     def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Append tokens to the cache (in batches of n_batch) and return their logits.
 

@@ -27,7 +27,8 @@ class Tokenizer:
 
     Build with load_tokenizer(path or GGUFFile) or Tokenizer.from_kv(kv).
     Attributes: n_vocab, bos_id, eos_id, eot_id (int or None), eog_ids (frozenset),
-    add_bos, add_eos (bool), type ("spm" or "bpe"), vocab (Vocab).
+    add_bos, add_eos (bool), type ("spm" or "bpe"), vocab (Vocab), chat_template (the GGUF's
+    tokenizer.chat_template, str or None), source_name (the file, for messages).
     """
 
     def __init__(self, vocab: Vocab, merges: list[str] | None = None):
@@ -50,6 +51,8 @@ class Tokenizer:
             self._specials_all.append(entry)
             if not a & (ATTR_CONTROL | ATTR_UNKNOWN):
                 self._specials_user.append(entry)
+        self.chat_template: str | None = None  # the GGUF key tokenizer.chat_template (Jinja source)
+        self.source_name = ""  # the file, for error messages
 
     @classmethod
     def from_kv(cls, kv: dict, where: str = "") -> "Tokenizer":
@@ -60,7 +63,11 @@ class Tokenizer:
         merges = kv.get("tokenizer.ggml.merges")
         if vocab.type == TYPE_BPE and not isinstance(merges, list):
             raise SynapseError(f"{where}invalid key tokenizer.ggml.merges")
-        return cls(vocab, merges)
+        tok = cls(vocab, merges)
+        tok.source_name = where[:-2] if where.endswith(": ") else where
+        tmpl = kv.get("tokenizer.chat_template")
+        tok.chat_template = tmpl if isinstance(tmpl, str) else None
+        return tok
 
     # --- properties ---
     @property
@@ -190,6 +197,23 @@ class Tokenizer:
                     new.append(f[start:])
             frags = new
         return frags
+
+    # --- chat ---
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, chat_template: str | None = None,
+                            jinja: bool = True) -> str:
+        """The conversation rendered as llama.cpp renders it for this vocabulary (see synapse_nb.chat).
+
+        messages: [{"role": str, "content": str}, ...]. add_generation_prompt: end with the
+        assistant's header. chat_template: a template's text to use instead of the GGUF's
+        tokenizer.chat_template (--chat-template-file). jinja: run the template (llama.cpp --jinja);
+        False: llama.cpp's built-in format for the template's family (--no-jinja; ChatML here).
+        Returns the prompt text; tokenize it with add_special=True, parse_special=True.
+        Raises SynapseError when there is no template, or it fails to parse or render (naming
+        the file and the template line).
+        """
+        from ..chat import apply_chat_template
+
+        return apply_chat_template(self, messages, add_generation_prompt, chat_template=chat_template, jinja=jinja)
 
     # --- detokenize ---
     def token_to_piece(self, token: int, special: bool = True) -> bytes:

@@ -1,0 +1,431 @@
+"""Chat templates and conversations, against llama.cpp.
+
+tests/data/chat/ (see its README): chat_cases.jsonl and templates.json are llama.cpp's renderings
+(common_chat_templates_apply, --jinja and --no-jinja) and token ids of 20 conversations for the three
+GGUFs that carry a template; llama_cpp_runs.json holds runs of the real llama-completion -cnv on
+SmolLM2 (prompt ids, greedy replies, perf totals).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, VOCAB, real_model
+from synapse_nb import SynapseError, load_tokenizer
+from synapse_nb.chat import ChatTemplate, render_jinja
+
+CHAT = DATA / "chat"
+ROOT = Path(__file__).parents[1]
+CASES = [json.loads(line) for line in (CHAT / "chat_cases.jsonl").read_text().splitlines() if line.strip()]
+TEMPLATES = json.loads((CHAT / "templates.json").read_text())
+RUNS = json.loads((CHAT / "llama_cpp_runs.json").read_text())
+SMOL = "smollm2-135m-instruct-q4_1"
+# fixture file name -> models.txt name or vocab file
+SOURCES = {
+    "SmolLM2-135M-Instruct.Q4_1.gguf": SMOL,
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "ggml-vocab-qwen2.gguf": VOCAB / "ggml-vocab-qwen2.gguf",
+}
+_TOKENIZERS: dict = {}
+
+
+def tokenizer_of(model_file: str):
+    if model_file not in _TOKENIZERS:
+        src = SOURCES[model_file]
+        path = src if isinstance(src, Path) else real_model(src)
+        _TOKENIZERS[model_file] = load_tokenizer(path)
+    return _TOKENIZERS[model_file]
+
+
+def run(*args, input=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], input=input, capture_output=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def one_error_line(res) -> str:
+    err = res.stderr.decode()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def case_id(c):
+    return f"{c['model'].split('.')[0]}-{c['case']}"
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_jinja_rendering_and_tokens(case):
+    tok = tokenizer_of(case["model"])
+    text = tok.apply_chat_template(case["messages"], add_generation_prompt=case["add_generation_prompt"])
+    assert text == case["jinja_rendering"]
+    assert tok.tokenize(text, add_special=True, parse_special=True) == case["tokens"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_builtin_rendering_and_tokens(case):
+    tok = tokenizer_of(case["model"])
+    text = tok.apply_chat_template(case["messages"], add_generation_prompt=case["add_generation_prompt"], jinja=False)
+    assert text == case["builtin_rendering"]
+    assert tok.tokenize(text, add_special=True, parse_special=True) == case["builtin_tokens"]
+
+
+@pytest.mark.parametrize("model_file", sorted(TEMPLATES))
+def test_template_and_special_texts_read_from_the_gguf(model_file):
+    from synapse_nb.chat import special_texts
+
+    tok = tokenizer_of(model_file)
+    ref = TEMPLATES[model_file]
+    assert hashlib.sha256(tok.chat_template.encode()).hexdigest() == ref["sha256"]
+    assert tok.chat_template == ref["chat_template"]
+    assert special_texts(tok) == (ref["bos_token"], ref["eos_token"])
+    assert (tok.bos_id, tok.eos_id, tok.add_bos) == (ref["bos_token_id"], ref["eos_token_id"], ref["add_bos"])
+
+
+def test_bos_eos_stripping_rule():
+    # README: with add_bos, a rendering that starts with the bos_token text loses that prefix (for SmolLM2,
+    # whose bos_token is <|im_start|>, the first one); with add_eos, a trailing eos_token goes likewise.
+    ref = TEMPLATES["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    case = next(c for c in CASES if c["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and c["case"] == "system_user")
+    tmpl = ChatTemplate(ref["chat_template"], "test")
+    args = (tmpl, case["messages"], True, ref["bos_token"], ref["eos_token"])
+    assert render_jinja(*args) == case["jinja_rendering"]
+    assert render_jinja(*args, add_bos=True) == case["jinja_rendering"][len("<|im_start|>"):]
+    no_gen = next(c for c in CASES if c["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+                  and c["case"] == "assistant_last_no_gen")
+    # this rendering ends "<|im_end|>\n", not with the eos text: nothing to strip
+    assert render_jinja(tmpl, no_gen["messages"], False, "<|im_start|>", "<|im_end|>", add_eos=True) \
+        == no_gen["jinja_rendering"]
+    assert render_jinja(ChatTemplate("x{{ eos_token }}", "t"), [], False, "", "</s>", add_eos=True) == "x"
+    assert render_jinja(ChatTemplate("x{{ eos_token }}", "t"), [], False, "", "</s>") == "x</s>"
+
+
+def test_llama_cpp_variables():
+    # add_generation_prompt is undefined (not false) when not asked for; tools absent; enable_thinking true
+    t = ChatTemplate("{{ add_generation_prompt is defined }} {{ tools is defined }} {{ enable_thinking }} "
+                     "{{ bos_token }}{{ eos_token }} {{ messages[0].tool_calls is defined }}", "t")
+    msgs = [{"role": "user", "content": "a"}]
+    assert render_jinja(t, msgs, False, "<s>", "</s>") == "False False True <s></s> False"
+    assert render_jinja(t, msgs, True, "<s>", "</s>").startswith("True ")
+    # None content is passed as ""
+    assert render_jinja(ChatTemplate("[{{ messages[0].content }}]", "t"), [{"role": "user", "content": None}],
+                        True) == "[]"
+
+
+def test_engine_settings_and_functions():
+    # llama.cpp's lexer: trim_blocks + lstrip_blocks, one trailing newline dropped, \r\n read as \n
+    t = ChatTemplate("a\r\n  {% if true %}\r\nb\r\n  {% endif %}\r\nc\n", "t")
+    assert render_jinja(t, [], True) == "a\nb\nc"
+    # tojson as Hugging Face / llama.cpp: plain JSON, no HTML escaping, non-ASCII kept
+    t = ChatTemplate("{{ {'a': '<b>&\\'é', 'n': [1, 2]} | tojson }}", "t")
+    assert render_jinja(t, [], True) == '{"a": "<b>&\'é", "n": [1, 2]}'
+    t = ChatTemplate("{{ strftime_now('%Y') }}", "t")
+    import datetime
+
+    assert render_jinja(t, [], True) == str(datetime.date.today().year)
+    t = ChatTemplate("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}"
+                     "{% endfor %}", "t")
+    assert render_jinja(t, [{"role": "a", "content": ""}, {"role": "b", "content": ""}], True) == "a"
+
+
+@pytest.mark.parametrize("source,line,what", [
+    ("line one\n{% if messages %}\n{{ messages[0].content }\n{% endif %}", 3, "syntax error"),
+    ("ok\n{% for m in messages %}\n{% if m.role == 'user' %}{{ raise_exception('roles must alternate') }}"
+     "{% endif %}\n{% endfor %}", 3, "roles must alternate"),
+    ("a\nb\n{{ messages[0].content + undefined_name.x }}", 3, "undefined"),
+    ("{{ messages.append(1) }}", 1, "cannot render"),  # the sandbox: no mutation
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", 1, "cannot render"),
+])
+def test_template_errors_name_the_file_and_line(source, line, what):
+    tok = load_tokenizer(VOCAB / "ggml-vocab-qwen2.gguf")
+    with pytest.raises(SynapseError) as e:
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=source)
+    msg = str(e.value)
+    assert f"line {line}" in msg and what in msg
+    with pytest.raises(SynapseError) as e:
+        from synapse_nb.chat import apply_chat_template
+
+        apply_chat_template(tok, [{"role": "user", "content": "hi"}], chat_template=source, origin="my.jinja")
+    assert "my.jinja" in str(e.value) and f"line {line}" in str(e.value)
+
+
+def test_gguf_template_error_names_the_model(tmp_path):
+    tok = load_tokenizer(VOCAB / "ggml-vocab-qwen2.gguf")
+    tok.chat_template = "{% if %}"
+    with pytest.raises(SynapseError, match=r"ggml-vocab-qwen2\.gguf \(tokenizer\.chat_template\), line 1"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_no_template_names_the_option():
+    tok = load_tokenizer(VOCAB / "ggml-vocab-llama-bpe.gguf")
+    assert tok.chat_template is None
+    with pytest.raises(SynapseError, match="ggml-vocab-llama-bpe.gguf.*--chat-template-file"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    # an override works on a vocabulary without a template
+    src = TEMPLATES["ggml-vocab-qwen2.gguf"]["chat_template"]
+    case = next(c for c in CASES if c["model"] == "ggml-vocab-qwen2.gguf" and c["case"] == "system_user")
+    assert tok.apply_chat_template(case["messages"], chat_template=src) == case["jinja_rendering"]
+
+
+def test_builtin_refuses_other_families():
+    tok = load_tokenizer(VOCAB / "ggml-vocab-qwen2.gguf")
+    with pytest.raises(SynapseError, match="--no-jinja"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], chat_template="[INST] {{ x }}", jinja=False)
+
+
+def test_bad_messages():
+    tok = load_tokenizer(VOCAB / "ggml-vocab-qwen2.gguf")
+    for bad in ("hi", [{"content": "x"}], [{"role": "user", "content": 3}]):
+        with pytest.raises(SynapseError):
+            tok.apply_chat_template(bad)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_single_turn_json_prompt_tokens_equal_llama_cpp():
+    real_model(SMOL)
+    ref = RUNS["single_turn"]
+    res = run(SMOL, "-st", "-sys", "You are terse.", "-p", "Name a color.", "--json")
+    assert res.returncode == 0, res.stderr.decode()
+    out = json.loads(res.stdout)
+    assert out["prompt_tokens"] == ref["prompt_tokens"]
+    assert out["text"] == ref["reply"]  # llama.cpp's greedy reply
+    assert out["stop"] == "eog" and out["tokens"][-1] == 2  # <|im_end|>
+
+
+@pytest.mark.parametrize("jinja", [True, False])
+def test_single_turn_renders_as_llama_cpp(jinja):
+    real_model(SMOL)
+    case = next(c for c in CASES if c["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and c["case"] == "single_user")
+    res = run(SMOL, "-st", case["messages"][0]["content"], "-n", "1", "--json", "--jinja" if jinja else "--no-jinja")
+    assert res.returncode == 0, res.stderr.decode()
+    out = json.loads(res.stdout)
+    assert out["prompt_tokens"] == case["tokens" if jinja else "builtin_tokens"]
+    assert len(out["tokens"]) == 1 and out["stop"] == "length"
+
+
+def test_no_template_is_one_line_exit_2():
+    from conftest import tiny
+
+    res = run(tiny("tiny-llama-f32"), "-cnv", input=b"hi\n")
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert "tiny-llama-f32.gguf" in line and "--chat-template-file" in line and res.stdout == b""
+
+
+def test_bad_template_file_is_one_line_exit_2(tmp_path):
+    real_model(SMOL)
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    res = run(SMOL, "-st", "-p", "hi", "--chat-template-file", bad)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: ") and "bad.jinja" in line and "line 2" in line
+    bad.write_text("ok\n{{ raise_exception('no system role') if messages[0].role == 'system' }}")
+    res = run(SMOL, "-st", "-sys", "S", "-p", "hi", "--chat-template-file", bad)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert "bad.jinja" in line and "line 2" in line and "no system role" in line
+    res = run(SMOL, "-st", "-p", "hi", "--chat-template-file", tmp_path / "missing.jinja")
+    assert res.returncode == 2 and "missing.jinja" in one_error_line(res)
+
+
+def test_chat_template_file_is_used(tmp_path):
+    real_model(SMOL)
+    # the qwen2 vocabulary's template (other default system text) on SmolLM2: its rendering, SmolLM2's ids
+    qwen = TEMPLATES["ggml-vocab-qwen2.gguf"]["chat_template"]
+    f = tmp_path / "t.jinja"
+    f.write_text(qwen)
+    case = next(c for c in CASES if c["model"] == "ggml-vocab-qwen2.gguf" and c["case"] == "unicode")
+    res = run(SMOL, "-st", "-f", _write(tmp_path / "u.txt", case["messages"][0]["content"]), "-n", "1", "--json",
+              "--chat-template-file", f)
+    assert res.returncode == 0, res.stderr.decode()
+    smol = tokenizer_of("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert json.loads(res.stdout)["prompt_tokens"] == smol.tokenize(case["jinja_rendering"], True, True)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode())
+    return path
+
+
+def test_context_full_stops_the_reply_and_a_turn_that_does_not_fit_is_refused():
+    real_model(SMOL)
+    ref = RUNS["single_turn"]
+    n = len(ref["prompt_tokens"])  # 23
+    res = run(SMOL, "-st", "-sys", "You are terse.", "-p", "Name a color.", "--json", "-c", n + 3)
+    assert res.returncode == 0, res.stderr.decode()
+    out = json.loads(res.stdout)
+    # as llama-completion: generation stops when n_past + 1 reaches n_ctx, the last token unevaluated
+    assert out["stop"] == "context" and len(out["tokens"]) == 3 and out["n_past"] == n + 2
+    assert "context full" in res.stderr.decode()
+    res = run(SMOL, "-st", "-sys", "You are terse.", "-p", "Name a color.", "-c", n)
+    assert res.returncode == 2
+    assert "does not fit" in one_error_line(res) and res.stdout == b""
+
+
+def test_piped_conversation_reuses_the_cache_and_matches_llama_cpp(tmp_path):
+    real_model(SMOL)
+    ref = RUNS["two_turn"]
+    u1, u2 = ref["user_turns"]
+    res = run(SMOL, "-cnv", "--json", "-v", input=f"{u1}\n\n{u2}\n/exit\nnot read\n".encode())
+    assert res.returncode == 0, res.stderr.decode()
+    t1, t2 = [json.loads(line) for line in res.stdout.decode().splitlines()]
+    assert [t1["text"], t2["text"]] == ref["replies"]  # llama.cpp's greedy replies
+    assert t1["stop"] == t2["stop"] == "eog"
+    smol = tokenizer_of("SmolLM2-135M-Instruct.Q4_1.gguf")
+    hist = [{"role": "user", "content": u1}, {"role": "assistant", "content": t1["text"]},
+            {"role": "user", "content": u2}]
+    full2 = smol.tokenize(smol.apply_chat_template(hist), True, True)
+    assert t2["prompt_tokens"] == full2
+    # the history's tokens are turn 1's prompt and reply, end-of-generation token included
+    n1 = len(t1["prompt_tokens"]) + len(t1["tokens"])
+    assert full2[:n1] == t1["prompt_tokens"] + t1["tokens"]
+    # turn 2 evaluates reply 1's EOG token (not evaluated while generating) and the new turn only
+    assert t1["n_reused"] == 0 and t1["n_evaluated"] == len(t1["prompt_tokens"])
+    assert t2["n_reused"] == n1 - 1 == t1["n_past"]
+    assert t2["n_evaluated"] == 1 + len(smol.tokenize(
+        f"\n<|im_start|>user\n{u2}<|im_end|>\n<|im_start|>assistant\n", True, True))
+    # the session's totals equal llama-completion's perf counters for the same conversation
+    err = res.stderr.decode()
+    assert re.search(rf"prompt eval time = .* / +{ref['prompt_eval_tokens']} tokens", err), err
+    assert re.search(rf" eval time = .* / +{ref['eval_runs']} runs", err), err
+    # the second reply is what a one-piece run of the whole history gives (main mode, no chat)
+    one = run(SMOL, "-f", _write(tmp_path / "h.txt", smol.apply_chat_template(hist)), "--json", "-n", "128")
+    assert one.returncode == 0, one.stderr.decode()
+    one = json.loads(one.stdout)
+    assert one["prompt_tokens"] == full2 and one["tokens"] == t2["tokens"]
+
+
+def _spawn(args, log: Path):
+    pexpect = pytest.importorskip("pexpect")
+    cmd = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cli.main", *map(str, args)])
+    env = dict(os.environ, TERM="dumb")
+    return pexpect, pexpect.spawn("/bin/sh", ["-c", f"exec {cmd} 2>{shlex.quote(str(log))}"], cwd=str(ROOT),
+                                  env=env, timeout=300, encoding="utf-8", echo=False)
+
+
+def _reply(child, user: str) -> str:
+    child.sendline(user)
+    child.expect_exact("\r\n> ")
+    text = child.before.replace("\r\n", "\n")
+    if text.startswith(user + "\n"):  # readline's own echo of the input line
+        text = text[len(user) + 1:]
+    return text
+
+
+def test_pty_two_turn_conversation(tmp_path):
+    real_model(SMOL)
+    ref = RUNS["two_turn"]
+    u1, u2 = ref["user_turns"]
+    log = tmp_path / "stderr.txt"
+    pexpect, child = _spawn([SMOL, "-cnv", "-v"], log)
+    child.expect_exact("> ")
+    r1 = _reply(child, u1)
+    r2 = _reply(child, u2)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    err = log.read_text()
+    assert child.exitstatus == 0, err
+    assert [r1, r2] == ref["replies"]
+    turns = re.findall(r"chat: turn (\d+): (\d+) prompt tokens, (\d+) reused from the cache, (\d+) evaluated; "
+                       r"(\d+) generated, stop (\w+); n_past (\d+)", err)
+    assert [t[0] for t in turns] == ["1", "2"], err
+    (_, p1, k1, e1, g1, s1, np1), (_, p2, k2, e2, g2, s2, np2) = [tuple(map(_int, t)) for t in turns]
+    smol = tokenizer_of("SmolLM2-135M-Instruct.Q4_1.gguf")
+    full1 = smol.tokenize(smol.apply_chat_template([{"role": "user", "content": u1}]), True, True)
+    hist = [{"role": "user", "content": u1}, {"role": "assistant", "content": r1}, {"role": "user", "content": u2}]
+    full2 = smol.tokenize(smol.apply_chat_template(hist), True, True)
+    assert (p1, k1, e1) == (len(full1), 0, len(full1))
+    assert np1 == p1 + g1 - 1  # the reply's EOG token is chosen, not evaluated
+    # the second reply starts from the first one's cache: only its EOG token and the new turn evaluated
+    assert (p2, k2) == (len(full2), np1)
+    assert e2 == p2 - k2 == 1 + len(smol.tokenize(f"\n<|im_start|>user\n{u2}<|im_end|>\n<|im_start|>assistant\n",
+                                                 True, True))
+    assert s1 == s2 == "eog"
+    # greedy output identical to one single-turn run of the whole two-turn history rendered in one piece
+    one = run(SMOL, "-f", _write(tmp_path / "h.txt", smol.apply_chat_template(hist)), "--json")
+    assert one.returncode == 0, one.stderr.decode()
+    one = json.loads(one.stdout)
+    assert one["prompt_tokens"] == full2 and one["text"] == r2 and len(one["tokens"]) == g2
+
+
+def _int(s):
+    return int(s) if s.isdigit() else s
+
+
+def test_pty_ctrl_c_stops_the_reply_then_exits_130(tmp_path):
+    real_model(SMOL)
+    log = tmp_path / "stderr.txt"
+    pexpect, child = _spawn([SMOL, "-cnv", "-v"], log)
+    child.expect_exact("> ")
+    child.sendline("Write a very long story about a dragon and a knight, with many chapters.")
+    child.expect(r"\w+ \w+ \w+")  # the reply is streaming
+    child.sendintr()
+    child.expect_exact("\r\n> ")  # the reply stopped, back at the prompt
+    # At the prompt: exit. (Not in the same instant the prompt appears: a SIGINT that lands between
+    # readline drawing the prompt and its select() is only seen at the next key, a CPython race.)
+    time.sleep(0.5)
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    err = log.read_text()
+    assert child.exitstatus == 130, err
+    assert "stop interrupted" in err
+
+
+def test_pty_exit_command(tmp_path):
+    real_model(SMOL)
+    log = tmp_path / "stderr.txt"
+    pexpect, child = _spawn([SMOL, "-cnv", "-sys", "You are terse."], log)
+    child.expect_exact("> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, log.read_text()
+
+
+def test_conversation_rewinds_to_the_first_differing_token():
+    from synapse_nb import load_model
+    from synapse_nb.chat import Conversation, chat_renderer
+
+    model = load_model(real_model(SMOL))
+    tok = model.tokenizer
+    conv = Conversation(model.new_session(n_ctx=256, n_threads=2), chat_renderer(tok), "You are terse.")
+    r1 = conv.reply("Name a color.", n_predict=8)
+    assert r1.n_reused == 0 and r1.n_evaluated == len(r1.prompt_tokens)
+    conv.messages[-1]["content"] = "Red."  # the history now differs from the cache at the reply's first token
+    r2 = conv.reply("Another one.", n_predict=8)
+    assert tok.tokenize("Red.", False, False)[0] != r1.tokens[0]
+    assert r2.prompt_tokens[:len(r1.prompt_tokens)] == r1.prompt_tokens
+    assert r2.n_reused == len(r1.prompt_tokens)  # kept up to the reply, re-evaluated from there
+    assert r2.n_evaluated == len(r2.prompt_tokens) - r2.n_reused
+    assert r2.n_past == conv.session.n_past == len(conv.cached)
+    # the same greedy tokens as a fresh session evaluating the whole prompt at once
+    fresh = model.new_session(n_ctx=256, n_threads=2)
+    assert fresh.generate(r2.prompt_tokens, 8) == r2.tokens
+
+
+def test_jinja2_is_imported_only_to_render():
+    code = ("import sys, synapse_nb, synapse_nb.chat, synapse_nb.tokenizer, cli.main; "
+            "assert 'jinja2' not in sys.modules; "
+            "t = synapse_nb.load_tokenizer(sys.argv[1]); t.apply_chat_template([{'role': 'user', 'content': 'a'}]); "
+            "assert 'jinja2' in sys.modules")
+    res = subprocess.run([sys.executable, "-c", code, str(VOCAB / "ggml-vocab-qwen2.gguf")], cwd=ROOT,
+                         capture_output=True)
+    assert res.returncode == 0, res.stderr.decode()
