@@ -312,16 +312,14 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
         raise SynapseError(f"-j/--workers must be >= 1, got {workers!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise SynapseError(f"-t/--threads must be >= 1, got {n_threads!r}")
-    path = None
     if isinstance(inputs, (str, os.PathLike)):
-        path = os.fspath(inputs)
-        items = read_inputs(path)
+        items = read_inputs(inputs)
     else:
         items = check_ids(inputs)
     skip = set(skip_ids)
     pending = [o for o in items if o["id"] not in skip]
     if ray_address is not None:
-        return _run_ray(model, pending, path, skip, ray_address, workers, n_threads, options)
+        return _run_ray(_import_ray(), model, pending, ray_address, workers, n_threads, options)
     if not pending:
         return iter(())
     if workers in (None, 1):
@@ -483,8 +481,7 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
-def _run_ray(model, pending, path, skip, address, workers, n_threads, options):
-    ray = _import_ray()
+def _run_ray(ray, model, pending, address, workers, n_threads, options):
     model_arg = _model_arg(model)
     if not pending:
         return
@@ -493,26 +490,27 @@ def _run_ray(model, pending, path, skip, address, workers, n_threads, options):
     env = {"env_vars": {"PYTHONPATH": pythonpath, "NUMBA_NUM_THREADS": str(n_threads)}}
     started = False
     if not ray.is_initialized():
-        ray.init(address=None if address in ("", "local") else address, include_dashboard=False, logging_level="WARNING",
-                 log_to_driver=False, configure_logging=True)
+        ray.init(address=None if address in ("", "local") else address, include_dashboard=False,
+                 logging_level="WARNING", log_to_driver=False)
         started = True
     try:
         import ray.data
 
+        import logging
+
+        # Our progress line is the one on stderr: no Ray Data bars nor per-dataset INFO lines.
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
-        if path is not None:
-            # Ray reads IN itself, on the driver's node (local://), so the other nodes need no copy;
-            # the lines already done are filtered out there.
-            ds = ray.data.read_text("local://" + os.path.abspath(path))
-            skip_ids = frozenset(skip)
-            ds = ds.filter(lambda row: row["text"].strip() != "" and json.loads(row["text"])["id"] not in skip_ids)
-            ds = ds.rename_columns({"text": "line"})
-        else:
-            ds = ray.data.from_items([{"line": json.dumps(o)} for o in pending])
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         n_actors = workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // n_threads)
         n_actors = min(n_actors, len(pending))
+        # The driver has read and checked IN (ids, duplicates, what OUT already holds), so the lines
+        # to do go to Ray from here: nothing to read on the nodes (no shared storage needed), and no
+        # read task competing for the CPUs that the actors hold. Small blocks: results come back as
+        # blocks finish, and a kill loses only the blocks in flight.
+        ds = ray.data.from_items([{"line": json.dumps(o)} for o in pending],
+                                 override_num_blocks=min(len(pending), 2000))
         map_args = dict(fn_constructor_kwargs={"model_arg": model_arg, "options": options, "n_threads": n_threads},
                         batch_size=1, batch_format="numpy", num_cpus=n_threads, runtime_env=env)
         if hasattr(ray.data, "ActorPoolStrategy"):
@@ -683,9 +681,7 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
             return 0
         prog = Progress(todo) if progress else None
         try:
-            # The file's path (not the parsed items) so that Ray reads it itself; the others reuse items.
-            source = in_path if ray_address is not None else items
-            for res in run(model_path if ray_address is None else model, source, workers=workers,
+            for res in run(model_path if ray_address is None else model, items, workers=workers,
                            n_threads=n_threads, ray_address=ray_address, skip_ids=done, **options):
                 line = result_line(res)
                 n = os.write(fd, line)  # one write of the whole line: O_APPEND, never interleaved
