@@ -475,10 +475,15 @@ def _import_ray():
     return ray
 
 
-def _package_root() -> str:
-    """The directory holding this synapse_nb package, put on Ray workers' PYTHONPATH so that
-    they import the same synapse_nb as the driver (a source checkout is not on their path)."""
-    return str(Path(__file__).resolve().parents[1])
+def _package_root() -> str | None:
+    """The directory holding this synapse_nb package when it is a source checkout (not an
+    installed package), put on Ray workers' PYTHONPATH so that they import the same synapse_nb
+    as the driver: Ray starts its workers without the driver's sys.path. None when installed."""
+    import site
+
+    root = Path(__file__).resolve().parents[1]
+    installed = {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    return None if root in installed else str(root)
 
 
 def _run_ray(ray, model, pending, address, workers, n_threads, options):
@@ -487,7 +492,7 @@ def _run_ray(ray, model, pending, address, workers, n_threads, options):
         return
     n_threads = n_threads or 1
     pythonpath = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)
-    env = {"env_vars": {"PYTHONPATH": pythonpath, "NUMBA_NUM_THREADS": str(n_threads)}}
+    env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
     started = False
     if not ray.is_initialized():
         ray.init(address=None if address in ("", "local") else address, include_dashboard=False,
