@@ -46,6 +46,7 @@ SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "pe
                  "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
                  "dynatemp_range", "dynatemp_exponent", "seed", "logit_bias")
 INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS
+DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling")
 RESULT_KEYS = ("id", "prompt_tokens", "tokens", "text", "stop", "timings")
 
 
@@ -301,13 +302,16 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
       ray_address None, workers None/1: in this process, n_threads threads (default: all cores).
       ray_address None, workers N > 1: N spawned processes, each loading the model once, with
         n_threads threads each (default max(1, cores // N)); results in completion order.
-      ray_address "" (start a local Ray, or use the one already initialised in this process)
-        or "host:port" (join that cluster): ray.data with one actor per model copy. n_threads
+      ray_address "" or "local" (start a local Ray, or use the one already initialised in this
+        process) or "host:port" (join that cluster): ray.data with one actor per model copy. n_threads
         Numba threads and num_cpus per actor (default 1); workers actors (default: the cluster's
         CPUs // n_threads).
     Yields result dicts (Decoder.decode). Raises SynapseError for bad ids, a missing model, or
     --ray without Ray installed; an internal error of a worker is raised as RuntimeError.
     """
+    unknown = sorted(set(options) - set(DECODER_OPTIONS))
+    if unknown:
+        raise TypeError(f"run() got an unexpected option {unknown[0]!r} (options: {', '.join(DECODER_OPTIONS)})")
     if workers is not None and (not _is_int(workers) or workers < 1):
         raise SynapseError(f"-j/--workers must be >= 1, got {workers!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
