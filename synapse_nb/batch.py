@@ -218,6 +218,14 @@ class Decoder:
             if cls is None:
                 raise SynapseError(f"sampling option {next(iter(params))!r}: sampling is not supported by this "
                                    f"version of synapse_nb (greedy decoding only)")
+            tok = self.model.tokenizer
+            if self.ignore_eos and tok.eos_id is not None:
+                # as llama.cpp's --ignore-eos when sampling (common_init_from_params): every
+                # end-of-generation token biased to -inf, after the line's own biases
+                own = params.get("logit_bias") or ()
+                if not isinstance(own, (list, tuple)):
+                    raise SynapseError("\"logit_bias\" must be a list of [token id, bias] pairs")
+                params["logit_bias"] = list(own) + [(int(t), float("-inf")) for t in sorted(tok.eog_ids)]
             try:
                 sampler = cls(**params)
             except SynapseError:
@@ -253,7 +261,11 @@ class Decoder:
                 nonlocal n_evals
                 n_evals += 1
 
-            extra = {"sampler": sampler} if sampler is not None else {}
+            extra = {}
+            if sampler is not None:
+                extra["sampler"] = sampler
+                if hasattr(sampler, "accept_many"):  # as llama-completion: the prompt fills the penalty window
+                    sampler.accept_many(ids)
             generated, stop = [], "length"
             for nxt in s.greedy_tokens(logits, n_predict, self.ignore_eos, on_logits=on_logits, **extra):
                 generated.append(nxt)
@@ -270,8 +282,11 @@ class Decoder:
             "eval_tokens_per_s": round(n_evals / (eval_ms / 1e3), 2) if n_evals and eval_ms > 0 else None,
             "n_threads": self.n_threads,
         }
-        return {"id": obj["id"], "prompt_tokens": ids, "tokens": generated,
-                "text": tok.detokenize(generated, special=False), "stop": stop, "timings": timings}
+        out = {"id": obj["id"], "prompt_tokens": ids, "tokens": generated,
+               "text": tok.detokenize(generated, special=False), "stop": stop, "timings": timings}
+        if sampler is not None and hasattr(sampler, "seed"):
+            out["seed"] = sampler.seed  # as --json when sampling: the seed that reproduces the line
+        return out
 
 
 def _numba_threads() -> int:
