@@ -474,6 +474,23 @@ def _sampling_options(f):
     return f
 
 
+def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single, **options):
+    """--batch IN --output OUT [-j N] [--ray [ADDRESS]]: synapse_nb.batch.run_file does the work."""
+    from synapse_nb.batch import run_file
+
+    if batch_in is None or batch_out is None:
+        raise click.UsageError("batch mode needs both --batch IN.jsonl and --output OUT.jsonl")
+    given = [name for name, v in single.items() if v not in (None, False)]
+    if given:
+        raise click.UsageError(f"{given[0]} does not go with --batch (the prompts are the lines of IN)")
+    for name, v in (("-j/--workers", workers), ("-t/--threads", threads), ("-n/--n-predict", options["n_predict"]),
+                    ("-b/--batch-size", options["n_batch"]), ("-c/--ctx-size", options["n_ctx"])):
+        if v is not None and v < (0 if name == "-n/--n-predict" else 1):
+            raise click.BadParameter(f"must be >= {0 if name == '-n/--n-predict' else 1}", param_hint=name)
+    return run_file(model, batch_in, batch_out, workers=workers, n_threads=threads, ray_address=ray_address,
+                    **options)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("model")
 @click.argument("prompt", required=False)
@@ -507,11 +524,20 @@ def _sampling_options(f):
               help="Jinja chat template to use instead of the model's tokenizer.chat_template.")
 @click.option("--jinja/--no-jinja", default=True, show_default=True,
               help="Run the chat template (--jinja), or use the built-in ChatML format (--no-jinja).")
+@click.option("--batch", "batch_in", type=str, default=None, metavar="IN.jsonl",
+              help='Batch mode: one input per line, {"id": ..., "prompt": "..."} or {"id": ..., "tokens": [...]}.')
+@click.option("--output", "batch_out", type=str, default=None, metavar="OUT.jsonl",
+              help="Batch results, one line per input, appended as they are done; a re-run skips ids already in it.")
+@click.option("-j", "--workers", type=int, default=None,
+              help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Batch mode on Ray: a local Ray, or join the cluster at ADDRESS (pip install 'synapse_nb[ray]').")
 @_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                  no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, prompt_opt,
-                 conversation, single_turn, system_prompt, chat_template_file, jinja, **sampling):
+                 conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
+                 workers, ray_address, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -546,11 +572,25 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
             prompt = prompt_opt
-        chat = dict(conversation=conversation, single_turn=single_turn, system_prompt=system_prompt,
-                    chat_template_file=chat_template_file, jinja=jinja)
-        code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                    no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
-                    sampling=sampling, chat=chat)
+        if batch_in is not None or batch_out is not None or workers is not None or ray_address is not None:
+            from synapse_nb.sampling import given_options
+
+            code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_predict=n_predict,
+                              n_ctx=ctx_size, n_batch=batch_size, ignore_eos=ignore_eos,
+                              add_special=not no_add_special, parse_special=not no_parse_special,
+                              sampling=given_options(sampling) or None,
+                              single=dict(PROMPT=prompt, **{"-f/--file": file, "--tokens": tokens,
+                                          "--tokenize": tokenize_only, "--json": as_json,
+                                          "--logits-out": logits_out, "--prefill-check": prefill_check,
+                                          "-cnv/--conversation": conversation, "-st/--single-turn": single_turn,
+                                          "-sys/--system-prompt": system_prompt,
+                                          "--chat-template-file": chat_template_file}))
+        else:
+            chat = dict(conversation=conversation, single_turn=single_turn, system_prompt=system_prompt,
+                        chat_template_file=chat_template_file, jinja=jinja)
+            code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
+                        no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
+                        sampling=sampling, chat=chat)
     except click.ClickException:
         raise
     except SynapseError as e:

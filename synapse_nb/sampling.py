@@ -48,7 +48,7 @@ import numpy as np
 from .errors import SynapseError
 
 __all__ = ["Sampler", "MT19937", "LLAMA_DEFAULT_SEED", "DEFAULTS", "CHAIN_ORDER", "eog_logit_bias",
-           "parse_logit_bias", "sampler_from_options", "warmup"]
+           "parse_logit_bias", "given_options", "sampler_from_options", "warmup"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # seed -1: a random seed
 
@@ -606,17 +606,13 @@ def parse_logit_bias(text: str, n_vocab: int | None = None) -> tuple:
     return tok, (-bias if m.group(2) == "-" else bias)
 
 
-def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool = True,
-                         ignore_eos: bool = False):
-    """The Sampler the command line asks for, or None for greedy decoding.
+def given_options(opts: dict, n_vocab: int | None = None) -> dict:
+    """The sampling options the command line gave, as Sampler parameters ({} when none).
 
-    opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
-    logit_bias a sequence of TOKEN(+|-)BIAS strings. If no sampling option is given, returns
-    None (the product's default stays greedy). Otherwise the options not given take llama.cpp's
-    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and a
-    negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
-    llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
-    Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
+    opts: option values by CLI_PARAMS / CLI_REFUSED key (None or empty when not given), logit_bias
+    as TOKEN(+|-)BIAS strings, parsed here into (id, bias) pairs. Raises SynapseError (naming the
+    flag) for a refused flag (DRY, mirostat) or a malformed bias. Used for the defaults of batch
+    lines (synapse_nb.batch) and by sampler_from_options.
     """
     for key, (flag, disabled) in CLI_REFUSED.items():
         v = opts.get(key)
@@ -631,6 +627,24 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
         what = "DRY" if key.startswith("dry") else "mirostat"
         raise SynapseError(f"{flag}: {what} sampling is not supported (llama.cpp's default chain without {what} is)")
     given = {k: v for k, v in opts.items() if k in CLI_PARAMS and v is not None and v != () and v != []}
+    if "logit_bias" in given:
+        given["logit_bias"] = [parse_logit_bias(t, n_vocab) for t in given["logit_bias"]]
+    return given
+
+
+def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool = True,
+                         ignore_eos: bool = False):
+    """The Sampler the command line asks for, or None for greedy decoding.
+
+    opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
+    logit_bias a sequence of TOKEN(+|-)BIAS strings. If no sampling option is given, returns
+    None (the product's default stays greedy). Otherwise the options not given take llama.cpp's
+    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and a
+    negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
+    llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
+    Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
+    """
+    given = given_options(opts, n_vocab)
     if not given:
         return None
     params = {k: v for k, v in DEFAULTS.items() if k in CLI_PARAMS}
@@ -639,7 +653,7 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
         params["temp"] = 0.0
     if isinstance(params["penalty_last_n"], int) and params["penalty_last_n"] < 0:
         raise SynapseError(f"--repeat-last-n must be >= 0 (0 = off), got {params['penalty_last_n']}")
-    bias = [parse_logit_bias(t, n_vocab) for t in params["logit_bias"] or ()]
+    bias = list(params["logit_bias"] or ())
     if ignore_eos and has_eos:
         bias += eog_logit_bias(eog_ids)
     params["logit_bias"] = bias

@@ -1,0 +1,725 @@
+"""Batch mode: many prompts, one model load, results written as they come, resumable.
+
+One input per JSONL line, one output line per input:
+
+  in:  {"id": ID, "prompt": "text"}  or  {"id": ID, "tokens": [1, 2, 3]}
+       optional per line: "n_predict" (int >= 0) and sampling options named as the
+       parameters of synapse_nb.Sampler (temp, top_k, top_p, min_p, typical_p, min_keep,
+       penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty, top_n_sigma,
+       xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent, seed, logit_bias).
+  out: {"id", "prompt_tokens", "tokens", "text", "stop", "timings"}   (as llama-decode --json)
+       {"id", "error"}                                               (a bad line; the run goes on)
+
+ID is a JSON string or integer, unique in the file. "prompt" is tokenized as the CLI does
+(BOS added, special-token text parsed, unless the run says otherwise); "tokens" are used as
+given. "tokens" in the output include the end-of-generation token when one stopped the run,
+"text" never shows it, "stop" is "eog" or "length"; "timings" has the per-prompt keys of
+--json's timings (prompt_ms, prompt_tokens_per_s, eval_ms, eval_tokens_per_s, n_threads): load
+and compile happen once per worker, not per prompt.
+
+Three ways to run the same decoding (Decoder.decode, one line at a time, in all three):
+  run(model, inputs)                  in this process
+  run(model, inputs, workers=N)       N spawned processes, each loading the model once
+  run(model, inputs, ray_address=..)  a Ray cluster: ray.data + an actor class per model copy
+and run_file(model, IN, OUT), the `llama-decode MODEL --batch IN --output OUT` command:
+validates IN, skips the ids already in OUT, appends each result to OUT as one line.
+
+Decoding is greedy unless a line (or run's `sampling`) gives sampling options; every line gets a
+fresh Sampler, so results never depend on the order, the worker or the number of workers.
+Greedy results equal those of one `llama-decode ... --json` run per prompt, token for token,
+whatever the worker and thread counts (the kernels do not depend on the thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import SynapseError
+
+# Sampling options a line may carry: synapse_nb.Sampler's parameter names.
+SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "penalty_last_n", "repeat_penalty",
+                 "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                 "dynatemp_range", "dynatemp_exponent", "seed", "logit_bias")
+INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS
+DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling")
+RESULT_KEYS = ("id", "prompt_tokens", "tokens", "text", "stop", "timings")
+
+
+def _one_line(msg, limit: int = 500) -> str:
+    """A message as one printable line (control characters escaped), at most `limit` characters."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _valid_id(v) -> bool:
+    return isinstance(v, str) or _is_int(v)
+
+
+def _log(msg: str, end: str = "\n") -> None:
+    sys.stderr.write(msg + end)
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- input
+
+def check_ids(inputs, where: str = "input") -> list[dict]:
+    """The inputs as a list, after checking that each is a dict with a unique string/int "id".
+
+    inputs: iterable of dicts. Raises SynapseError naming the first offending input (1-based),
+    so nothing is decoded when an id is missing or repeated (ids are what resuming relies on).
+    """
+    items = list(inputs)
+    seen: dict = {}
+    for n, obj in enumerate(items, 1):
+        if not isinstance(obj, dict):
+            raise SynapseError(f"{where} {n}: not a JSON object")
+        if "id" not in obj:
+            raise SynapseError(f"{where} {n}: no \"id\"")
+        if not _valid_id(obj["id"]):
+            raise SynapseError(f"{where} {n}: \"id\" must be a string or an integer, got {json.dumps(obj['id'])}")
+        if obj["id"] in seen:
+            raise SynapseError(f"{where} {n}: duplicate id {json.dumps(obj['id'])} (first at {where} "
+                               f"{seen[obj['id']]}); ids must be unique")
+        seen[obj["id"]] = n
+    return items
+
+
+def read_inputs(path) -> list[dict]:
+    """Read a JSONL input file: one JSON object with an "id" per line; blank lines are skipped.
+
+    Returns the objects in file order. Only what identifies a line is checked here; a line
+    that cannot be identified (not UTF-8, not JSON, not an object, no or bad "id", an id
+    already used) raises SynapseError naming the line, before anything runs. Everything else
+    ("prompt"/"tokens", "n_predict", sampling options) is checked when the line is decoded,
+    and a bad value gives that line an "error" result.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise SynapseError(f"--batch {path}: {e.strerror}") from None
+    items, seen = [], {}
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SynapseError(f"--batch {path} line {n}: not valid UTF-8 (offset {e.start})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SynapseError(f"--batch {path} line {n}: not JSON ({e.msg}, column {e.colno}); each line must "
+                               f"be one JSON object with an \"id\"") from None
+        if not isinstance(obj, dict):
+            raise SynapseError(f"--batch {path} line {n}: not a JSON object")
+        if "id" not in obj:
+            raise SynapseError(f"--batch {path} line {n}: no \"id\"")
+        if not _valid_id(obj["id"]):
+            raise SynapseError(f"--batch {path} line {n}: \"id\" must be a string or an integer, got "
+                               f"{json.dumps(obj['id'])}")
+        if obj["id"] in seen:
+            raise SynapseError(f"--batch {path} line {n}: duplicate id {json.dumps(obj['id'])} (first on line "
+                               f"{seen[obj['id']]}); ids must be unique")
+        seen[obj["id"]] = n
+        items.append(obj)
+    return items
+
+
+def _sampler_class():
+    """synapse_nb.Sampler when this build has it (sampling lands separately), else None."""
+    try:
+        import synapse_nb
+
+        return getattr(synapse_nb, "Sampler", None)
+    except ImportError:
+        return None
+
+
+# ---------------------------------------------------------------- decoding
+
+class Decoder:
+    """One loaded model and one Session (KV cache), decoding batch inputs one at a time.
+
+    model: a loaded synapse_nb Model, or a GGUF path / models.txt name to load.
+    n_predict: tokens to generate for a line without its own "n_predict" (CLI -n).
+    n_ctx: context size (default min(n_ctx_train, 4096), as the CLI); n_batch: prefill batch;
+    n_threads: Numba threads (default: Numba's setting). ignore_eos, add_special, parse_special:
+    as the CLI's --ignore-eos, --no-add-special, --no-parse-special. sampling: default sampling
+    options (Sampler parameter names) that a line's own keys override; empty means greedy.
+    Loads and warms up the kernels on construction; raises SynapseError for a bad model/option.
+    """
+
+    def __init__(self, model, *, n_predict: int = 128, n_ctx: int | None = None, n_batch: int = 64,
+                 n_threads: int | None = None, ignore_eos: bool = False, add_special: bool = True,
+                 parse_special: bool = True, sampling: dict | None = None):
+        if not isinstance(model, (str, os.PathLike)):
+            self.model = model
+        else:
+            from . import load_model
+
+            self.model = load_model(model)
+        if not _is_int(n_predict) or n_predict < 0:
+            raise SynapseError(f"n_predict must be an integer >= 0, got {n_predict!r}")
+        bad = sorted(set(sampling or {}) - set(SAMPLING_KEYS))
+        if bad:
+            raise SynapseError(f"unknown sampling option {bad[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
+        self.n_predict = n_predict
+        self.ignore_eos = ignore_eos
+        self.add_special = add_special
+        self.parse_special = parse_special
+        self.sampling = dict(sampling or {})
+        self.session = self.model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        self.n_threads = self.session.n_threads or _numba_threads()
+        self.model.warmup()
+
+    def _parse(self, obj: dict):
+        """(prompt ids, n_predict, sampler or None) of one input; SynapseError for a bad value."""
+        hp = self.model.hparams
+        unknown = [k for k in obj if k not in INPUT_KEYS]
+        if unknown:
+            raise SynapseError(f"unknown key {unknown[0]!r} (allowed: {', '.join(INPUT_KEYS)})")
+        if ("prompt" in obj) == ("tokens" in obj):
+            raise SynapseError("give exactly one of \"prompt\" (text) or \"tokens\" (token ids)")
+        if "prompt" in obj:
+            if not isinstance(obj["prompt"], str):
+                raise SynapseError("\"prompt\" must be a string")
+            ids = self.model.tokenizer.tokenize(obj["prompt"], add_special=self.add_special,
+                                                parse_special=self.parse_special)
+        else:
+            ids = obj["tokens"]
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                raise SynapseError("\"tokens\" must be a list of integer token ids")
+            bad = [t for t in ids if not 0 <= t < hp.n_vocab]
+            if bad:
+                raise SynapseError(f"\"tokens\": id {bad[0]} is outside the vocabulary [0, {hp.n_vocab})")
+        if not ids:
+            raise SynapseError("the prompt is empty (no tokens to evaluate)")
+        n_predict = obj.get("n_predict", self.n_predict)
+        if not _is_int(n_predict) or n_predict < 0:
+            raise SynapseError(f"\"n_predict\" must be an integer >= 0, got {json.dumps(n_predict)}")
+        need = len(ids) + n_predict
+        if need > self.session.n_ctx:
+            raise SynapseError(f"prompt ({len(ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the context "
+                               f"size n_ctx = {self.session.n_ctx}")
+        params = {**self.sampling, **{k: obj[k] for k in SAMPLING_KEYS if k in obj}}
+        sampler = None
+        if params:
+            cls = _sampler_class()
+            if cls is None:
+                raise SynapseError(f"sampling option {next(iter(params))!r}: sampling is not supported by this "
+                                   f"version of synapse_nb (greedy decoding only)")
+            tok = self.model.tokenizer
+            if self.ignore_eos and tok.eos_id is not None:
+                # as llama.cpp's --ignore-eos when sampling (common_init_from_params): every
+                # end-of-generation token biased to -inf, after the line's own biases
+                own = params.get("logit_bias") or ()
+                if not isinstance(own, (list, tuple)):
+                    raise SynapseError("\"logit_bias\" must be a list of [token id, bias] pairs")
+                params["logit_bias"] = list(own) + [(int(t), float("-inf")) for t in sorted(tok.eog_ids)]
+            try:
+                sampler = cls(**params)
+            except SynapseError:
+                raise
+            except (TypeError, ValueError) as e:
+                raise SynapseError(f"sampling options: {e}") from None
+        return list(ids), n_predict, sampler
+
+    def decode(self, obj: dict) -> dict:
+        """Decode one input (a dict as read_inputs returns) into its result dict.
+
+        Returns {"id", "prompt_tokens", "tokens", "text", "stop", "timings"}, or {"id", "error"}
+        (one line) when the input is bad (unknown key, no prompt, empty prompt, token id outside
+        the vocabulary, bad n_predict, prompt + n_predict > n_ctx, sampling unavailable or bad).
+        Internal errors are raised.
+        """
+        from time import perf_counter
+
+        try:
+            ids, n_predict, sampler = self._parse(obj)
+        except SynapseError as e:
+            return {"id": obj.get("id"), "error": _one_line(e)}
+        s, tok = self.session, self.model.tokenizer
+        eog = set() if self.ignore_eos else set(tok.eog_ids)
+        s.reset()
+        try:
+            t_p0 = perf_counter()
+            logits = s.eval(ids)
+            t_p1 = perf_counter()
+            n_evals = 0
+
+            def on_logits(row):
+                nonlocal n_evals
+                n_evals += 1
+
+            extra = {}
+            if sampler is not None:
+                extra["sampler"] = sampler
+                if hasattr(sampler, "accept_many"):  # as llama-completion: the prompt fills the penalty window
+                    sampler.accept_many(ids)
+            generated, stop = [], "length"
+            for nxt in s.greedy_tokens(logits, n_predict, self.ignore_eos, on_logits=on_logits, **extra):
+                generated.append(nxt)
+                if nxt in eog:
+                    stop = "eog"
+            t_e1 = perf_counter()
+        except SynapseError as e:
+            return {"id": obj.get("id"), "error": _one_line(e)}
+        prompt_ms, eval_ms = 1e3 * (t_p1 - t_p0), 1e3 * (t_e1 - t_p1)
+        timings = {
+            "prompt_ms": round(prompt_ms, 2),
+            "prompt_tokens_per_s": round(len(ids) / (prompt_ms / 1e3), 2) if prompt_ms > 0 else None,
+            "eval_ms": round(eval_ms, 2),
+            "eval_tokens_per_s": round(n_evals / (eval_ms / 1e3), 2) if n_evals and eval_ms > 0 else None,
+            "n_threads": self.n_threads,
+        }
+        out = {"id": obj["id"], "prompt_tokens": ids, "tokens": generated,
+               "text": tok.detokenize(generated, special=False), "stop": stop, "timings": timings}
+        if sampler is not None and hasattr(sampler, "seed"):
+            out["seed"] = sampler.seed  # as --json when sampling: the seed that reproduces the line
+        return out
+
+
+def _numba_threads() -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
+def result_line(result: dict) -> bytes:
+    """A result dict as one JSONL line (json.dumps as --json, ASCII, so never a raw newline inside)."""
+    return (json.dumps(result) + "\n").encode("ascii")
+
+
+# ---------------------------------------------------------------- the three paths
+
+def run(model, inputs, *, workers: int | None = None, n_threads: int | None = None, ray_address: str | None = None,
+        skip_ids=(), **options):
+    """Decode many inputs with one model load per worker; yield a result dict per input as it is done.
+
+    model: GGUF path or models.txt name (a loaded Model is accepted only in this process:
+    workers in (None, 1) and no Ray). inputs: an iterable of dicts ({"id", "prompt"|"tokens",
+    optional "n_predict" and sampling options}; ids are checked up front, see check_ids), or the
+    path of a JSONL file (read_inputs). skip_ids: ids not to decode (those already done).
+    options: Decoder's keyword options (n_predict, n_ctx, n_batch, ignore_eos, add_special,
+    parse_special, sampling).
+
+    Where it runs:
+      ray_address None, workers None/1: in this process, n_threads threads (default: all cores).
+      ray_address None, workers N > 1: N spawned processes, each loading the model once, with
+        n_threads threads each (default max(1, cores // N)); results in completion order.
+      ray_address "" or "local" (start a local Ray, or use the one already initialised in this
+        process) or "host:port" (join that cluster): ray.data with one actor per model copy. n_threads
+        Numba threads and num_cpus per actor (default 1); workers actors (default: the cluster's
+        CPUs // n_threads).
+    Yields result dicts (Decoder.decode). Raises SynapseError for bad ids, a missing model, or
+    --ray without Ray installed; an internal error of a worker is raised as RuntimeError.
+    """
+    unknown = sorted(set(options) - set(DECODER_OPTIONS))
+    if unknown:
+        raise TypeError(f"run() got an unexpected option {unknown[0]!r} (options: {', '.join(DECODER_OPTIONS)})")
+    if workers is not None and (not _is_int(workers) or workers < 1):
+        raise SynapseError(f"-j/--workers must be >= 1, got {workers!r}")
+    if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
+        raise SynapseError(f"-t/--threads must be >= 1, got {n_threads!r}")
+    if isinstance(inputs, (str, os.PathLike)):
+        items = read_inputs(inputs)
+    else:
+        items = check_ids(inputs)
+    skip = set(skip_ids)
+    pending = [o for o in items if o["id"] not in skip]
+    if ray_address is not None:
+        return _run_ray(_import_ray(), model, pending, ray_address, workers, n_threads, options)
+    if not pending:
+        return iter(())
+    if workers in (None, 1):
+        return _run_here(model, pending, n_threads, options)
+    return _run_processes(model, pending, workers, n_threads, options)
+
+
+def _run_here(model, pending, n_threads, options):
+    dec = Decoder(model, n_threads=n_threads or os.cpu_count() or 1, **options)
+    for obj in pending:
+        yield dec.decode(obj)
+
+
+def _model_arg(model) -> str:
+    """The model as a string another process can load: an existing file as an absolute path, else
+    the models.txt name as given (resolved there)."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise SynapseError("workers and Ray load the model themselves: give its path or name, not a Model")
+    return os.path.abspath(model) if os.path.isfile(model) else os.fspath(model)
+
+
+# ---- local worker processes
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a killed batch run leaves no workers)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+
+def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> None:
+    """A worker process: load the model once, then decode tasks until it gets None (or the parent is gone)."""
+    import queue
+    import signal
+    import traceback
+
+    # Numba's thread pool is sized from this before numba is first imported: n_threads, not all cores.
+    os.environ["NUMBA_NUM_THREADS"] = str(n_threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    try:
+        dec = Decoder(model_arg, n_threads=n_threads, **options)
+    except SynapseError as e:
+        results.put(("bad-input", str(e)))
+        return
+    except BaseException:
+        results.put(("internal", traceback.format_exc()))
+        return
+    while True:
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return
+            continue
+        if task is None:
+            return
+        try:
+            results.put(("result", dec.decode(task)))
+        except BaseException:
+            results.put(("internal", traceback.format_exc()))
+            return
+
+
+def _run_processes(model, pending, workers, n_threads, options):
+    import multiprocessing as mp
+    import queue
+
+    model_arg = _model_arg(model)
+    n_workers = min(workers, len(pending))
+    n_threads = n_threads or max(1, (os.cpu_count() or 1) // workers)
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, tasks, results, os.getpid()),
+                         daemon=True, name=f"synapse_nb-batch-{i}") for i in range(n_workers)]
+    for p in procs:
+        p.start()
+    try:
+        # At most 2 tasks per worker in flight: what a kill can lose, and no queue of thousands.
+        it = iter(pending)
+        in_flight = 0
+        for obj in it:
+            tasks.put(obj)
+            in_flight += 1
+            if in_flight >= 2 * n_workers:
+                break
+        while in_flight:
+            try:
+                kind, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode is not None]
+                if dead:
+                    raise RuntimeError(f"batch worker {dead[0].name} died (exit code {dead[0].exitcode})")
+                continue
+            if kind == "bad-input":
+                raise SynapseError(payload)
+            if kind == "internal":
+                raise RuntimeError("batch worker failed: " + payload.strip().splitlines()[-1])
+            in_flight -= 1
+            nxt = next(it, None)
+            if nxt is not None:
+                tasks.put(nxt)
+                in_flight += 1
+            yield payload
+        for _ in procs:
+            tasks.put(None)
+        for p in procs:
+            p.join(timeout=10)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        tasks.cancel_join_thread()
+        results.cancel_join_thread()
+
+
+# ---- Ray
+
+RAY_INSTALL_HINT = "pip install 'synapse_nb[ray]'"
+
+
+class RayDecoder:
+    """The Ray actor: one Decoder (one model load) per actor; a batch of JSON input lines in,
+    a batch of JSON result lines out ({"line": [...]} -> {"result": [...]}, numpy batch format).
+
+    Lines travel as JSON text, not as Arrow columns: the inputs' keys differ from line to line
+    (prompt or tokens, optional n_predict and sampling options), which one Arrow schema cannot hold.
+    """
+
+    def __init__(self, model_arg: str, options: dict, n_threads: int):
+        os.environ.setdefault("NUMBA_NUM_THREADS", str(n_threads))
+        self.decoder = Decoder(model_arg, n_threads=n_threads, **options)
+
+    def __call__(self, batch):
+        import numpy as np
+
+        out = [json.dumps(self.decoder.decode(json.loads(str(line)))) for line in batch["line"]]
+        return {"result": np.array(out, dtype=object)}
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise SynapseError(f"--ray needs Ray, which is not installed: {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def _package_root() -> str | None:
+    """The directory holding this synapse_nb package when it is a source checkout (not an
+    installed package), put on Ray workers' PYTHONPATH so that they import the same synapse_nb
+    as the driver: Ray starts its workers without the driver's sys.path. None when installed."""
+    import site
+
+    root = Path(__file__).resolve().parents[1]
+    installed = {Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    return None if root in installed else str(root)
+
+
+def _run_ray(ray, model, pending, address, workers, n_threads, options):
+    model_arg = _model_arg(model)
+    if not pending:
+        return
+    n_threads = n_threads or 1
+    pythonpath = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)
+    env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=None if address in ("", "local") else address, include_dashboard=False,
+                 logging_level="WARNING", log_to_driver=False)
+        started = True
+    try:
+        import ray.data
+
+        import logging
+
+        # Our progress line is the one on stderr: no Ray Data bars nor per-dataset INFO lines.
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        n_actors = workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // n_threads)
+        n_actors = min(n_actors, len(pending))
+        # The driver has read and checked IN (ids, duplicates, what OUT already holds), so the lines
+        # to do go to Ray from here: nothing to read on the nodes (no shared storage needed), and no
+        # read task competing for the CPUs that the actors hold. Small blocks: results come back as
+        # blocks finish, and a kill loses only the blocks in flight.
+        ds = ray.data.from_items([{"line": json.dumps(o)} for o in pending],
+                                 override_num_blocks=min(len(pending), 2000))
+        map_args = dict(fn_constructor_kwargs={"model_arg": model_arg, "options": options, "n_threads": n_threads},
+                        batch_size=1, batch_format="numpy", num_cpus=n_threads, runtime_env=env)
+        if hasattr(ray.data, "ActorPoolStrategy"):
+            map_args["compute"] = ray.data.ActorPoolStrategy(size=n_actors)
+        else:
+            map_args["concurrency"] = n_actors
+        ds = ds.map_batches(RayDecoder, **map_args)
+        for row in ds.iter_rows():
+            yield json.loads(row["result"])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------- the command
+
+class Progress:
+    """done/total, generated tokens/s and ETA on stderr: one line redrawn on a terminal, else a
+    plain line every `interval` seconds and at the end.
+
+    Rate and ETA are measured from the first result on, so that model loading and kernel
+    compilation (once per worker, before any result) do not count as decoding time.
+    """
+
+    def __init__(self, total: int, stream=None, interval: float = 10.0):
+        self.total, self.done, self.tokens, self.errors = total, 0, 0, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.interval = interval
+        self.t_first = None
+        self.tokens_first = 0
+        self.last = time.perf_counter()
+
+    def line(self) -> str:
+        rate = eta = math.nan
+        if self.t_first is not None and self.done > 1:
+            dt = time.perf_counter() - self.t_first
+            rate = (self.tokens - self.tokens_first) / dt if dt > 0 else math.nan
+            eta = dt / (self.done - 1) * (self.total - self.done)
+        err = f", {self.errors} error{'s' if self.errors != 1 else ''}" if self.errors else ""
+        rate_s = f"{rate:.1f}" if math.isfinite(rate) else "?"
+        return (f"batch: {self.done}/{self.total} done{err}, {rate_s} tokens/s, "
+                f"ETA {_fmt_s(eta) if self.done < self.total else '0s'}")
+
+    def update(self, result: dict) -> None:
+        self.done += 1
+        self.tokens += len(result.get("tokens", ()))
+        self.errors += "error" in result
+        now = time.perf_counter()
+        if self.t_first is None:
+            self.t_first, self.tokens_first = now, self.tokens
+        if self.tty:
+            self.stream.write("\r" + self.line() + "\x1b[K")
+            self.stream.flush()
+        elif now - self.last >= self.interval or self.done == self.total:
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+            self.last = now
+
+    def close(self) -> None:
+        if self.tty and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fmt_s(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def read_done(out_path) -> tuple[set, int]:
+    """Ids already in a batch output file, and the byte length of its complete lines.
+
+    A last line without its newline was being written when a run was killed: it is not a result
+    (the caller truncates it away). Raises SynapseError, touching nothing, when a complete line
+    is not a result line (JSON object with an id) or the unfinished one does not start as ours:
+    the file is then not a batch output, and it is not modified.
+    """
+    try:
+        with open(out_path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return set(), 0
+    except OSError as e:
+        raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+    end = data.rfind(b"\n") + 1
+    done = set()
+    for n, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+            ok = isinstance(obj, dict) and _valid_id(obj.get("id"))
+        except (ValueError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise SynapseError(f"--output {out_path} line {n} is not a batch result line; the file is not "
+                               f"modified (give another --output)")
+        done.add(obj["id"])
+    if end < len(data) and not data[end:].startswith(b'{"id": '):
+        raise SynapseError(f"--output {out_path} ends in a line that is not a batch result; the file is not "
+                           f"modified (give another --output)")
+    return done, end
+
+
+def _same_file(a: str, b) -> bool:
+    try:
+        return b is not None and os.path.exists(b) and (os.path.realpath(a) == os.path.realpath(b)
+                                                        or os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads: int | None = None,
+             ray_address: str | None = None, progress: bool = True, **options) -> int:
+    """`llama-decode MODEL --batch IN --output OUT`: decode every line of IN not yet in OUT.
+
+    Checks up front: OUT is neither IN nor the model; IN's lines have unique ids (read_inputs);
+    OUT, if it exists, holds only result lines (read_done). An unfinished last line of OUT (a
+    killed run) is truncated away and its input decoded again. Each result is appended to OUT
+    as one line with a single write() and fsync'd, so a SIGKILL at any moment loses at most the
+    inputs in flight. Another run holding OUT (flock) is an error. Progress goes to stderr.
+    Other arguments as run(). Returns the exit status (0; lines with an "error" field are results).
+    Raises SynapseError for bad input.
+    """
+    import fcntl
+
+    from .models import resolve_model
+
+    model_path = resolve_model(model)
+    if _same_file(out_path, in_path):
+        raise SynapseError(f"--output {out_path} is the input file --batch; it is not overwritten")
+    if _same_file(out_path, str(model_path)):
+        raise SynapseError(f"--output {out_path} is the model file; it is not overwritten")
+    if os.path.isdir(out_path):
+        raise SynapseError(f"--output {out_path} is a directory")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
+        raise SynapseError(f"--output {out_path}: no such directory")
+    items = read_inputs(in_path)
+    if ray_address is not None:
+        _import_ray()  # before OUT is created: say how to install it
+    existed = os.path.exists(out_path)
+    try:
+        fd = os.open(out_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+    wrote = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SynapseError(f"--output {out_path} is being written by another batch run") from None
+        done, end = read_done(out_path)
+        size = os.fstat(fd).st_size
+        if end < size:
+            os.ftruncate(fd, end)
+            _log(f"batch: --output {out_path}: dropped an unfinished last line ({size - end} bytes) left by an "
+                 f"interrupted run; that input is decoded again")
+        ids = {o["id"] for o in items}
+        n_done = len(ids & done)
+        todo = len(items) - n_done
+        where = (f"Ray ({ray_address or 'local'})" if ray_address is not None else
+                 f"{workers} worker processes" if workers not in (None, 1) else "1 process")
+        _log(f"batch: {len(items)} inputs, {n_done} already in {out_path}, {todo} to do on {where}")
+        if todo == 0:
+            return 0
+        prog = Progress(todo) if progress else None
+        try:
+            for res in run(model_path if ray_address is None else model, items, workers=workers,
+                           n_threads=n_threads, ray_address=ray_address, skip_ids=done, **options):
+                line = result_line(res)
+                n = os.write(fd, line)  # one write of the whole line: O_APPEND, never interleaved
+                while n < len(line):  # a short write (disk full): finish the line
+                    n += os.write(fd, line[n:])
+                os.fsync(fd)
+                wrote = True
+                if prog is not None:
+                    prog.update(res)
+        finally:
+            if prog is not None:
+                prog.close()
+        return 0
+    finally:
+        os.close(fd)
+        if not existed and not wrote and os.path.exists(out_path) and os.path.getsize(out_path) == 0:
+            os.unlink(out_path)  # a run that failed before any result leaves nothing behind
