@@ -10,6 +10,23 @@ NumPy references:
   * ``vec_dot(w_row: uint8[:], a_row: uint8[:]) -> float32`` for weight formats with NumPy
     kernels here: the same rounded math as ggml's AVX2/AVX-512 dot (lane order included).
 These references are slow and exist for tests; the decoder uses synapse_nb.kernels.
+
+This registry is the one table of formats: every ggml type appears here once, and everything else
+(synapse_nb.kernels.matmul.KERNELS and its drivers, hparams.WEIGHT_TYPES, the tests' and
+benchmarks' type lists) iterates over it. Besides the layout, a class says where its Numba row
+functions live:
+  * ``kernels``: the module of synapse_nb.kernels implementing a weight format's row functions
+    ("legacy" or "kquants"); None for a format that is only an activation format (Q8_1, Q8_K).
+  * ``quantize_kernels``: for a format that is some weight's vec_dot_type, the module holding
+    its ``quantize_row_<stem>`` ("quant_act" or "kquants").
+Row functions are found by name, with ``stem`` = the type name in lower case except a trailing
+"_K" (Q4_0 -> q4_0, Q4_K -> q4_K, IQ4_XS -> iq4_xs) and A = format_of(vec_dot_type):
+  * ``dequantize_row_<stem>(out, w_row)``;
+  * ``vec_dot_<stem>(w_row, a_row, scratch)`` for the float types (block size 1: F32, F16, BF16,
+    whose activations are of their own type), else ``vec_dot_<stem>_<A.stem>``;
+  * optionally ``rows_dot_<stem>_<A.stem>(y, m, w_row, a)`` (all activation rows at once);
+  * ``quantize_row_<A.stem>(out, x)`` in A's ``quantize_kernels`` module.
+The contracts of these functions are in synapse_nb/kernels/matmul.py.
 """
 
 from __future__ import annotations
@@ -36,6 +53,11 @@ def format_of(t) -> "BlockFormat":
 def registered_formats():
     """All registered formats, by ggml type value."""
     return dict(_REGISTRY)
+
+
+def weight_formats():
+    """The formats with Numba row kernels (``kernels`` set), in ggml type order."""
+    return [f for _, f in sorted(_REGISTRY.items()) if f.kernels is not None]
 
 
 def _register(cls):
@@ -138,6 +160,24 @@ class BlockFormat:
     block_size: int
     type_size: int
     vec_dot_type: str | None = None
+    kernels: str | None = None  # kernel module of the row functions (weight formats)
+    quantize_kernels: str | None = None  # kernel module of quantize_row_<stem> (activation formats)
+
+    @property
+    def stem(self) -> str:
+        """Name used in row-function names: 'q4_0', 'q4_K', 'iq4_xs', 'f32'."""
+        low = self.name.lower()
+        return low[:-2] + "_K" if low.endswith("_k") else low
+
+    def vec_dot_name(self) -> str:
+        """Name of the row dot function (vec_dot_<stem>[_<act stem>])."""
+        if self.block_size == 1:
+            return f"vec_dot_{self.stem}"
+        return f"vec_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
+
+    def rows_dot_name(self) -> str:
+        """Name of the optional multi-row dot function (rows_dot_<stem>_<act stem>)."""
+        return f"rows_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
 
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of k values (k a multiple of block_size)."""
@@ -162,6 +202,7 @@ class BlockFormat:
 @_register
 class F32(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "F32", GT.F32, 1, 4, "F32"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         return np.asarray(data).view(np.uint8).view(np.float32).copy()
@@ -179,6 +220,7 @@ class F32(BlockFormat):
 @_register
 class F16(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "F16", GT.F16, 1, 2, "F16"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         return f16_to_f32(np.asarray(data).view(np.uint8).view(np.uint16))
@@ -216,6 +258,7 @@ def _float_dot(w, x, double_sum):
 @_register
 class BF16(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "BF16", GT.BF16, 1, 2, "BF16"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         h = np.asarray(data).view(np.uint8).view(np.uint16)
@@ -249,6 +292,7 @@ def _f16_field(blocks, off):
 @_register
 class Q8_0(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_0", GT.Q8_0, 32, 34, "Q8_0"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         b = self.blocks(data)
@@ -282,6 +326,7 @@ Q8_0_ACT = None  # set below (the Q8_0 instance used as an activation format)
 @_register
 class Q8_1(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_1", GT.Q8_1, 32, 36, "Q8_1"
+    quantize_kernels = "quant_act"
     # ggml block_q8_1 is {f16 d, f16 s, int8 qs[32]} = 36 bytes (gguf-py's table says 40).
 
     def dequantize(self, data):
@@ -327,6 +372,7 @@ class _Nibbles32(BlockFormat):
 @_register
 class Q4_0(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q4_0", GT.Q4_0, 32, 18, "Q8_0", 2
+    kernels = "legacy"
 
     def ints(self, b):
         return self.nibbles(b) - 8
@@ -344,6 +390,7 @@ class Q4_0(_Nibbles32):
 @_register
 class Q5_0(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q5_0", GT.Q5_0, 32, 22, "Q8_0", 6
+    kernels = "legacy"
 
     def ints(self, b):
         return (self.nibbles(b) | (self.high_bits(b, 2) << 4)) - 16
@@ -361,6 +408,7 @@ class Q5_0(_Nibbles32):
 @_register
 class IQ4_NL(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "IQ4_NL", GT.IQ4_NL, 32, 18, "Q8_0", 2
+    kernels = "legacy"
 
     def ints(self, b):
         return KVALUES_IQ4NL[self.nibbles(b)].astype(np.int32)
@@ -387,6 +435,7 @@ class IQ4_NL(_Nibbles32):
 @_register
 class Q4_1(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q4_1", GT.Q4_1, 32, 20, "Q8_1", 4
+    kernels = "legacy"
 
     def ints(self, b):
         return self.nibbles(b)
@@ -402,6 +451,7 @@ class Q4_1(_Nibbles32):
 @_register
 class Q5_1(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q5_1", GT.Q5_1, 32, 24, "Q8_1", 8
+    kernels = "legacy"
 
     def ints(self, b):
         return self.nibbles(b) | (self.high_bits(b, 4) << 4)
@@ -430,6 +480,7 @@ class _KQuant(BlockFormat):
 
     block_size = 256
     vec_dot_type = "Q8_K"
+    kernels = "kquants"
 
 
 @_register
@@ -467,6 +518,7 @@ class Q8_K(BlockFormat):
     """Activation format of the K-quants: f32 d, int8 qs[256], int16 bsums[16] (292 bytes)."""
 
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_K", GT.Q8_K, 256, 292, "Q8_K"
+    quantize_kernels = "kquants"
 
     def dequantize(self, data):
         b = self.blocks(data)

@@ -22,8 +22,9 @@ from synapse_nb.kernels import dequantize, get_rows, matmul, matvec, quantize_ac
 
 MM = importlib.import_module("synapse_nb.kernels.matmul")
 
-LEGACY = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
-ALL = LEGACY + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+# from the one table of formats (tests/test_formats.py checks it against ggml's list of types)
+LEGACY = [f.name for f in F.weight_formats() if f.kernels == "legacy"]
+ALL = [f.name for f in F.weight_formats()]
 
 
 class T:

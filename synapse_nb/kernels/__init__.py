@@ -94,16 +94,12 @@ def quantize_activations(x, act_type):
     ggml-cpu's from_float (x86 quantize_row_q8_0 / quantize_row_q8_1 / quantize_row_q8_K,
     ggml_cpu_fp32_to_fp16 / _bf16). Raises SynapseError on bad input.
     """
-    _mm.ensure_fresh_cache()
     try:
         afmt = _F.format_of(act_type)
     except KeyError:
         raise SynapseError(f"activation type {act_type!r} is not supported") from None
-    drivers = {"Q8_0": _mm._act_q8_0, "Q8_1": _mm._act_q8_1, "F16": _mm._act_f16,
-               "BF16": _mm._act_bf16, "F32": _mm._act_f32}
-    if _mm.KQ is not None:
-        drivers["Q8_K"] = _mm._act_q8_K
-    if afmt.name not in drivers:
+    drv = _mm.ACT_DRIVERS.get(afmt.name)
+    if drv is None:
         raise SynapseError(f"activation type {afmt.name} has no converter")
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim not in (1, 2) or not x.flags.c_contiguous:
         raise SynapseError("activations must be a C-contiguous float32 array of 1 or 2 dimensions")
@@ -112,7 +108,7 @@ def quantize_activations(x, act_type):
         raise SynapseError(f"activations: {k} values is not a multiple of the {afmt.name} block size {afmt.block_size}")
     x2 = x.reshape(-1, k)
     a = np.empty((x2.shape[0], afmt.row_bytes(k)), np.uint8)
-    drivers[afmt.name](a, x2)
+    drv(a, x2)
     return a[0] if x.ndim == 1 else a
 
 
