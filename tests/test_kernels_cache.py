@@ -58,3 +58,45 @@ def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     second = json.loads(_run(_USE_DRIVERS, tmp_path))
     # nothing recompiled: every signature used came from the cache written by the first process
     assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
+
+
+# matvec of an F32 weight: _mm_f32 inlines legacy.vec_dot_f32, which inlines common.reduce_add_16.
+_F32_DOT = r"""
+import importlib, json
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+import synapse_nb
+from synapse_nb.kernels import matvec
+MM = importlib.import_module("synapse_nb.kernels.matmul")
+
+class W:
+    name, ggml_type, shape = "w", GT.F32, (2, 64)
+    data = np.ones(128, np.float32).view(np.uint8)
+y = matvec(W(), np.ones(64, np.float32))
+s = MM._mm_f32.stats
+print(json.dumps({"file": synapse_nb.__file__, "y": float(y[0]),
+                  "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values())}))
+"""
+
+
+def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
+    """Edit common.py in a copy of the package: the driver in matmul.py recompiles with the edit."""
+    shutil.copytree(ROOT / "synapse_nb", tmp_path / "synapse_nb",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    cache = tmp_path / "numba_cache"
+
+    def run():
+        return json.loads(_run(_F32_DOT, cache, cwd=tmp_path))
+
+    first = run()
+    assert first["file"] == str(tmp_path / "synapse_nb" / "__init__.py")
+    assert first["y"] == 64.0 and first["misses"] > 0
+    common = tmp_path / "synapse_nb" / "kernels" / "common.py"
+    src = common.read_text()
+    old = "    return (u0 + u2) + (u1 + u3)\n"
+    assert src.count(old) == 1  # the last line of reduce_add_16
+    common.write_text(src.replace(old, "    return (u0 + u2) + (u1 + u3) + np.float32(1.0)\n"))
+    second = run()
+    assert second["y"] == 65.0 and second["misses"] > 0  # the new helper, not the cached driver
+    third = run()
+    assert third["y"] == 65.0 and third["hits"] > 0 and third["misses"] == 0  # and cached again

@@ -21,7 +21,13 @@ import numpy as np
 
 from ..errors import SynapseError
 from .. import formats as _F
-from . import matmul as _mm
+from . import _cache
+
+# Before any kernel module is imported (Numba picks a function's cache locator when @njit(cache=True)
+# decorates it): cached kernels depend on all of synapse_nb/kernels/*.py, not on their own file only.
+_cache.install()
+
+from . import matmul as _mm  # noqa: E402
 
 __all__ = ["matmul", "matvec", "get_rows", "dequantize", "quantize_activations", "supported_types"]
 
