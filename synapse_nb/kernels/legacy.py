@@ -26,20 +26,13 @@ With these orders every output of ggml's own vec_dot in tests/data/kernels (8 ac
 weight rows per format) is reproduced bit for bit.
 """
 
-import numba
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import carray, njit
-from numba.core import cgutils
 
-from .common import (acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32,
-                     ir_int8x32, ir_nibbles32, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32,
-                     u32_as_f32)
-
-# IQ4_NL / IQ4_XS non-linear codebook (ggml-common.h kvalues_iq4nl).
-
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32,
+                     ir_add_const, ir_high_bits32, ir_int8x32, ir_lookup_nibbles32, ir_nibbles32,
+                     make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32, u32_as_f32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,33 +197,8 @@ def _decode_q8_0(b, p):
     return ir_int8x32(b, _gep(b, p, 2))
 
 
-# pshufb needs SSSE3; Numba's cache is keyed on the host CPU, so the choice is safe to bake in.
-# When Numba is told to target another CPU, use the portable compare/select lookup instead.
-_HOST = {} if (numba.config.CPU_NAME or numba.config.CPU_FEATURES) else llvm_binding.get_host_cpu_features()
-_PSHUFB = bool(_HOST.get("ssse3"))
-
-
-def _lookup16(b, idx):
-    """kvalues_iq4nl[idx] for a <16 x i8> vector of indices 0..15."""
-    i8x16 = ir.VectorType(ir.IntType(8), 16)
-    if _PSHUFB:  # what ggml's AVX2 code does
-        table = ir.Constant(i8x16, [int(k) & 0xFF for k in KVALUES_IQ4NL])
-        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
-                                            "llvm.x86.ssse3.pshuf.b.128")
-        return b.call(fn, [table, idx])
-    res = ir.Constant(i8x16, [int(KVALUES_IQ4NL[0]) & 0xFF] * 16)
-    for v in range(1, 16):
-        hit = b.icmp_unsigned("==", idx, ir.Constant(i8x16, [v] * 16))
-        res = b.select(hit, ir.Constant(i8x16, [int(KVALUES_IQ4NL[v]) & 0xFF] * 16), res)
-    return res
-
-
 def _decode_iq4_nl(b, p):
-    i8x16 = ir.VectorType(ir.IntType(8), 16)
-    v = b.load(b.bitcast(_gep(b, p, 2), i8x16.as_pointer()), align=1)
-    lo = _lookup16(b, b.and_(v, ir.Constant(i8x16, [15] * 16)))
-    hi = _lookup16(b, b.lshr(v, ir.Constant(i8x16, [4] * 16)))
-    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+    return ir_lookup_nibbles32(b, _gep(b, p, 2), IQ4NL_TABLE_S8)
 
 
 _blk_q4_0 = make_block_lanes_fma(_decode_q4_0, signed=True)
@@ -349,14 +317,7 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     acc8_add(p1, p2)
     sumf = acc8_hsum(p1)
     if nb % 2 == 1:
-        b = nb - 1
-        ai = a_row.view(np.int8)
-        isum = np.int32(0)
-        for j in range(16):
-            q = w_row[b * 18 + 2 + j]
-            isum += np.int32(KVALUES_IQ4NL[q & 15]) * np.int32(ai[b * 34 + 2 + j])
-            isum += np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[b * 34 + 18 + j])
-        sumf = fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
+        sumf = _iq4_nl_tail(w_row, a_row, nb - 1, sumf)
     return sumf
 
 
