@@ -19,6 +19,8 @@ Sources reproduced:
   * ``_mm256_fmadd_ps`` / ``_mm512_fmadd_ps`` (one rounding), through LLVM's ``llvm.fma.f32``.
 """
 
+import inspect
+
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
@@ -114,6 +116,24 @@ def f16_to_f32(typingctx, h):
         return _ir_f16_to_f32(builder, v)
 
     return sig, codegen
+
+
+@intrinsic
+def as_f32(typingctx, v):
+    """A float32 unchanged, or F16 bits (an integer) as float32 (f16_to_f32): lets one loop read
+    F32 and F16 rows (ggml_vec_dot_f32 / ggml_vec_dot_f16's F32Cx16 loads)."""
+    if isinstance(v, types.Integer):
+        return f16_to_f32._defn(typingctx, v)  # its typing and codegen
+    if v != types.float32:
+        return None
+    return types.float32(v), lambda context, builder, signature, args: args[0]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def copy_u32(dst, src):
+    """dst[i] = src[i] for the dst.size 32-bit words (F32 rows viewed as uint32: bits unchanged)."""
+    for i in range(dst.size):
+        dst[i] = src[i]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -341,6 +361,33 @@ def make_block_lanes_fma(decode, signed):
     return block_lanes_fma
 
 
+def make_block_dequant(decode, with_min):
+    """Build ``block_dequant(out, o_off, d, m, w_row, w_off)`` for a 32-value block format:
+    out[o_off + j] = float(q_j) * d (+ m when ``with_min``), j < 32, with the q_j from
+    ``decode(builder, wblock_ptr)`` (<32 x i8>, as for make_block_lanes_fma; values of unsigned
+    formats are < 128). One rounding for the product and one for the sum, as
+    ggml-quants.c dequantize_row_* (x*d, x*d + m; never fused)."""
+
+    @intrinsic
+    def block_dequant(typingctx, out, o_off, d, m, w_row, w_off):
+        sig = types.void(out, types.intp, types.float32, types.float32, w_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            o, oo, dval, mval, w, wo = args
+            v32f = ir.VectorType(_F32, 32)
+            q = decode(builder, builder.gep(_data(context, builder, signature.args[4], w), [wo]))
+            r = builder.fmul(builder.sitofp(q, v32f), _splat(builder, dval, 32))
+            if with_min:
+                r = builder.fadd(r, _splat(builder, mval, 32))
+            dst = builder.gep(_data(context, builder, signature.args[0], o, _F32), [oo])
+            builder.store(r, builder.bitcast(dst, v32f.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block_dequant
+
+
 def ir_lookup16(builder, idx, table):
     """table[idx] for a <16 x i8> vector of indices 0..15 and 16 byte values (ints 0..255):
     pshufb (what ggml's AVX2 code does) with SSSE3, else a compare/select chain."""
@@ -375,112 +422,105 @@ IQ4NL_TABLE_U8 = [int(v) + 128 for v in KVALUES_IQ4NL]
 # ---------------------------------------------------------------------------------------------
 
 
-@intrinsic
-def dot32_scaled_add(typingctx, p, qb, qo, ya, yo, s_lo, s_hi):
+def ir_intrinsic(typer):
+    """Decorator: a Numba intrinsic from an LLVM-IR emitter, without the typing/codegen boilerplate.
+
+    ``typer(arg types...) -> signature`` (its parameter names are the intrinsic's);
+    the decorated ``emit(context, builder, sig, args)`` emits the IR and returns the result value,
+    or None for a void intrinsic.
+    """
+
+    def wrap(emit):
+        def typing(typingctx, *arg_types):
+            sig = typer(*arg_types)
+
+            def codegen(context, builder, signature, args):
+                res = emit(context, builder, signature, args)
+                return context.get_dummy_value() if res is None else res
+
+            return sig, codegen
+
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                  for n in ["typingctx", *inspect.signature(typer).parameters]]
+        typing.__signature__ = inspect.Signature(params)  # what Numba reads as the call signature
+        typing.__name__ = typing.__qualname__ = emit.__name__
+        typing.__doc__ = emit.__doc__
+        return intrinsic(typing)
+
+    return wrap
+
+
+_V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+
+
+@ir_intrinsic(lambda p, qb, qo, ya, yo, s_lo, s_hi: types.void(p, qb, types.intp, ya, types.intp, types.int32,
+                                                               types.int32))
+def dot32_scaled_add(context, builder, sig, args):
     """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
 
     p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
     qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
     The 4-value lane sums are those of ggml's maddubs+madd (exact int32), ir_lanes unsigned.
     """
-    sig = types.void(p, qb, types.intp, ya, types.intp, types.int32, types.int32)
-
-    def codegen(context, builder, signature, args):
-        p_t, qb_t, _, ya_t, _, _, _ = signature.args
-        p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
-        v8i = ir.VectorType(_I32, 8)
-        q8 = ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]))
-        y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
-        lanes = ir_lanes(builder, q8, y8, signed=False)
-        scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
-                                       ir.Constant(v8i, [0, 1, 2, 3, 12, 13, 14, 15]))
-        p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), v8i.as_pointer())
-        builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    p_t, qb_t, _, ya_t, _, _, _ = sig.args
+    p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
+    q8 = ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]))
+    y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
+    lanes = ir_lanes(builder, q8, y8, signed=False)
+    scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
+                                   ir.Constant(_V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
 
 
-@intrinsic
-def lanes_fma8(typingctx, acc, d, p):
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p))
+def lanes_fma8(context, builder, sig, args):
     """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]):
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc) as one <8 x float> llvm.fma (ir_fma8)."""
-    sig = types.void(acc, types.float32, p)
-
-    def codegen(context, builder, signature, args):
-        acc_t, _, p_t = signature.args
-        acc_v, d_v, p_v = args
-        v8i = ir.VectorType(_I32, 8)
-        lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), v8i.as_pointer()), align=4)
-        ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
+    lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
+    ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes)
 
 
-@intrinsic
-def iq4_lookup32(typingctx, qb, qo, w, wo):
+@ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
+def iq4_lookup32(context, builder, sig, args):
     """qb[qo+t] = kvalues_iq4nl[w[wo+t] & 15] + 128, qb[qo+16+t] = ...[w[wo+t] >> 4] + 128, t < 16
     (unsigned bytes for dot32_scaled_add; ir_lookup_nibbles32)."""
-    sig = types.void(qb, types.intp, w, types.intp)
-
-    def codegen(context, builder, signature, args):
-        qb_t, _, w_t, _ = signature.args
-        qb_v, qo_v, w_v, wo_v = args
-        v = ir_lookup_nibbles32(builder, builder.gep(_data(context, builder, w_t, w_v), [wo_v]), IQ4NL_TABLE_U8)
-        dst = builder.gep(_data(context, builder, qb_t, qb_v), [qo_v])
-        builder.store(v, builder.bitcast(dst, v.type.as_pointer()), align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    (qb_t, _, w_t, _), (qb_v, qo_v, w_v, wo_v) = sig.args, args
+    v = ir_lookup_nibbles32(builder, builder.gep(_data(context, builder, w_t, w_v), [wo_v]), IQ4NL_TABLE_U8)
+    dst = builder.gep(_data(context, builder, qb_t, qb_v), [qo_v])
+    builder.store(v, builder.bitcast(dst, v.type.as_pointer()), align=1)
 
 
 # The 8 accumulators are touched only through these <8 x float> loads/stores, so LLVM keeps them in
 # one vector register across the block loop (mixed scalar/vector access would pin them to memory).
 
 
-@intrinsic
-def acc8_zero(typingctx, acc_ptr):
+def _acc8(builder, ptr):
+    return builder.bitcast(ptr, _V8F.as_pointer())
+
+
+@ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
+def acc8_zero(context, builder, sig, args):
     """acc[0:8] = 0 (acc_ptr from stack_f32(8))."""
-    sig = types.void(acc_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        builder.store(ir.Constant(vty, [0.0] * 8), builder.bitcast(args[0], vty.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    builder.store(ir.Constant(_V8F, [0.0] * 8), _acc8(builder, args[0]), align=4)
 
 
-@intrinsic
-def acc8_add(typingctx, dst_ptr, src_ptr):
+@ir_intrinsic(lambda dst_ptr, src_ptr: types.void(dst_ptr, src_ptr))
+def acc8_add(context, builder, sig, args):
     """dst[0:8] += src[0:8] (lane-wise _mm256_add_ps)."""
-    sig = types.void(dst_ptr, src_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        dp = builder.bitcast(args[0], vty.as_pointer())
-        sp = builder.bitcast(args[1], vty.as_pointer())
-        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    dp, sp = _acc8(builder, args[0]), _acc8(builder, args[1])
+    builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
 
 
-@intrinsic
-def acc8_hsum(typingctx, acc_ptr):
+@ir_intrinsic(lambda acc_ptr: types.float32(acc_ptr))
+def acc8_hsum(context, builder, sig, args):
     """hsum_float_8 of acc[0:8] in ggml's order: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
-    sig = types.float32(acc_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        v = builder.load(builder.bitcast(args[0], vty.as_pointer()), align=4)
-        a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
-        r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
-        r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
-        return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
-
-    return sig, codegen
+    v = builder.load(_acc8(builder, args[0]), align=4)
+    a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
+    r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
+    r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
+    return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
 
 
 @intrinsic

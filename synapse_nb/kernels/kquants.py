@@ -183,16 +183,13 @@ def dequantize_row_q3_K(out, w_row):
                         out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
 
 
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q4_K(out, w_row):
-    """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
-
-    out: float32[nb*256]; w_row: uint8[nb*144] (f16 d, f16 dmin, scales[12] 6-bit
-    scales and mins, qs[128] 4-bit).  y = (d*sc)*q - (dmin*m).
-    """
-    nb = w_row.size // Q4_K_BYTES
+@njit(cache=True, error_model="numpy", inline="always")
+def _dequantize_q45_K(out, w_row, block_bytes, qs_off, high_bits):
+    """Q4_K / Q5_K rows -> float32: f16 d, f16 dmin, scales[12] (6-bit scales and mins), then for
+    Q5_K (high_bits) qh[32] high bits, then qs[128] low nibbles at qs_off. y = (d*sc)*q - (dmin*m)."""
+    nb = w_row.size // block_bytes
     for i in range(nb):
-        o = i * Q4_K_BYTES
+        o = i * block_bytes
         d = f16_le(w_row, o)
         dmin = f16_le(w_row, o + 2)
         for j in range(4):
@@ -204,9 +201,25 @@ def dequantize_row_q4_K(out, w_row):
             mm2 = dmin * np.float32(m2)
             base = i * QK_K + 64 * j
             for t in range(32):
-                b = np.int32(w_row[o + 16 + 32 * j + t])
-                out[base + t] = d1 * np.float32(b & np.int32(15)) - mm1
-                out[base + 32 + t] = d2 * np.float32(b >> np.int32(4)) - mm2
+                b = np.int32(w_row[o + qs_off + 32 * j + t])
+                q1 = b & np.int32(15)
+                q2 = b >> np.int32(4)
+                if high_bits:
+                    h = np.int32(w_row[o + 16 + t])
+                    q1 |= ((h >> np.int32(2 * j)) & np.int32(1)) << np.int32(4)
+                    q2 |= ((h >> np.int32(2 * j + 1)) & np.int32(1)) << np.int32(4)
+                out[base + t] = d1 * np.float32(q1) - mm1
+                out[base + 32 + t] = d2 * np.float32(q2) - mm2
+
+
+@njit(cache=True, error_model="numpy")
+def dequantize_row_q4_K(out, w_row):
+    """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*144] (f16 d, f16 dmin, scales[12] 6-bit
+    scales and mins, qs[128] 4-bit).  y = (d*sc)*q - (dmin*m).
+    """
+    _dequantize_q45_K(out, w_row, Q4_K_BYTES, 16, False)
 
 
 @njit(cache=True, error_model="numpy")
@@ -216,26 +229,7 @@ def dequantize_row_q5_K(out, w_row):
     out: float32[nb*256]; w_row: uint8[nb*176] (f16 d, f16 dmin, scales[12], qh[32] high
     bits, qs[128] low nibbles).  y = (d*sc)*q - (dmin*m).
     """
-    nb = w_row.size // Q5_K_BYTES
-    for i in range(nb):
-        o = i * Q5_K_BYTES
-        d = f16_le(w_row, o)
-        dmin = f16_le(w_row, o + 2)
-        for j in range(4):
-            sc1, m1 = _k4_scale_min(w_row, o + 4, 2 * j)
-            sc2, m2 = _k4_scale_min(w_row, o + 4, 2 * j + 1)
-            d1 = d * np.float32(sc1)
-            mm1 = dmin * np.float32(m1)
-            d2 = d * np.float32(sc2)
-            mm2 = dmin * np.float32(m2)
-            base = i * QK_K + 64 * j
-            for t in range(32):
-                b = np.int32(w_row[o + 48 + 32 * j + t])
-                h = np.int32(w_row[o + 16 + t])
-                q1 = (b & np.int32(15)) | (((h >> np.int32(2 * j)) & np.int32(1)) << np.int32(4))
-                q2 = (b >> np.int32(4)) | (((h >> np.int32(2 * j + 1)) & np.int32(1)) << np.int32(4))
-                out[base + t] = d1 * np.float32(q1) - mm1
-                out[base + 32 + t] = d2 * np.float32(q2) - mm2
+    _dequantize_q45_K(out, w_row, Q5_K_BYTES, 48, True)
 
 
 @njit(cache=True, error_model="numpy")
