@@ -323,14 +323,21 @@ def ir_lanes(builder, w8, a8, signed):
     return (_lanes_vnni if HAS_VNNI256 else _lanes_portable)(builder, w8, a8, signed)
 
 
-def ir_fma8(builder, acc_ptr, d, lanes):
+def ir_fma8(builder, acc_ptr, d, lanes, splat_first=False):
     """acc[0:8] = fma(d, float(lanes), acc[0:8]) per lane (_mm256_fmadd_ps(d, cvtepi32_ps(lanes),
-    acc)) as one <8 x float> llvm.fma; acc_ptr: a pointer to 8 float32."""
+    acc)) as one <8 x float> llvm.fma; acc_ptr: a pointer to 8 float32.
+
+    The same operations either way; ``splat_first`` only changes the order the IR is emitted in,
+    which changes LLVM's register allocation: each caller keeps the order it was tuned with (the
+    legacy block dots measured 8-15% slower with the K-quants' order, the K-quant dots keep theirs).
+    """
     v8f = ir.VectorType(_F32, 8)
+    dv = _splat(builder, d, 8) if splat_first else None
+    fl = builder.sitofp(lanes, v8f)
     vptr = builder.bitcast(acc_ptr, v8f.as_pointer())
+    acc = builder.load(vptr, align=4)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
-    res = builder.call(fma, [_splat(builder, d, 8), builder.sitofp(lanes, v8f), builder.load(vptr, align=4)])
-    builder.store(res, vptr, align=4)
+    builder.store(builder.call(fma, [dv or _splat(builder, d, 8), fl, acc]), vptr, align=4)
 
 
 def _data(context, builder, aty, aval, elt=_I8):
@@ -479,7 +486,7 @@ def lanes_fma8(context, builder, sig, args):
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc) as one <8 x float> llvm.fma (ir_fma8)."""
     (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
     lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
-    ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes)
+    ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes, splat_first=True)
 
 
 @ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
