@@ -24,19 +24,27 @@ exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by la
     _mm512_reduce_add_ps into a double sum; leftovers in double.
 With these orders every output of ggml's own vec_dot in tests/data/kernels (8 activation rows x 768
 weight rows per format) is reproduced bit for bit.
+
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
+row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT) and the
+table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format built in common.py from
+the format's IR decoder (_decode_T). The generated code is the code these functions had when they
+were written out by hand (their machine code is unchanged).
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, as_f32, copy_u32, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32,  # noqa: F401
-                     ir_add_const, ir_high_bits32, ir_int8x32, ir_lookup_nibbles32, ir_nibbles32,
-                     make_block_dequant, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32, u32_as_f32)
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
+                     copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32,
+                     ir_lookup_nibbles32, ir_nibbles32, make_block_dequant, make_block_lanes_fma, ptr_offset,
+                     reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
-# Dequantize (ggml-quants.c dequantize_row_*; gguf.quants.dequantize)
+# Dequantize (ggml-quants.c dequantize_row_*; gguf.quants.dequantize); the 32-value block formats'
+# are generated below (_DEQUANTIZE).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -124,14 +132,12 @@ for _stem, _, _, _, _, _signed, _with_min, _ in _BLOCK_FORMATS:
 # Numba's cache finds them again in a new process (as matmul.py's drivers). A template line
 # ending in "#M" is kept only for formats with a min, "#-" only for those without. IQ4_NL's dots
 # (two accumulators) are written out below.
-# ----------------------------------------------------------------------------------------------
-
-# ----------------------------------------------------------------------------------------------
-# Several activation rows against one weight row (the matmul drivers' inner call): y[n, m] for all
-# n, each with exactly the operations and order of vec_dot_T(w_row, a[n]) -- per output the same
-# 8-lane accumulator over blocks in order -- but the loop is blocks outer, activation rows inner,
-# so each weight block is loaded and decoded once for up to ROWS_GROUP rows (LLVM hoists the
-# decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
+#
+# rows_dot_T: several activation rows against one weight row (the matmul drivers' inner call for
+# N > 1): y[n, m] for all n, each with exactly the operations and order of vec_dot_T(w_row, a[n])
+# -- per output the same 8-lane accumulator over blocks in order -- but the loop is blocks outer,
+# activation rows inner, so each weight block is loaded and decoded once for up to ROWS_GROUP rows
+# (LLVM hoists the decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
 # ----------------------------------------------------------------------------------------------
 
 _DEQUANTIZE = '''
@@ -238,8 +244,6 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     if nb % 2 == 1:
         sumf = _iq4_nl_tail(w_row, a_row, nb - 1, sumf)
     return sumf
-
-
 
 
 @njit(cache=True, error_model="numpy")
