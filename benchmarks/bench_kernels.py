@@ -17,9 +17,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from synapse_nb.formats import weight_formats  # noqa: E402  (no kernels compiled by this import)
+
 SHAPES = [(576, 1536), (1536, 576), (896, 4864), (4864, 896), (49152, 576), (151936, 896)]
-FORMATS = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
-           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+FORMATS = [f.name for f in weight_formats()]  # the one table of formats
 
 
 def parse():
@@ -38,7 +41,6 @@ def main():
     args = parse()
     if args.asm:  # inspect_asm() only works on freshly compiled code: compile into a scratch cache
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_kernels_numba_")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
     import numba
     import numpy as np
@@ -137,24 +139,13 @@ def main():
         print("\nvector code in the row kernels (fresh compile, counts of lines in inspect_asm()):")
         from numba import types
 
-        from synapse_nb.kernels import legacy as L
+        import importlib
 
-        try:
-            from synapse_nb.kernels import kquants as KQ
-        except ImportError:
-            KQ = None
         u8 = types.Array(types.uint8, 1, "C")
         sig = (u8, u8, types.Array(types.int32, 1, "C"))
-        names = {"F32": "vec_dot_f32", "F16": "vec_dot_f16", "BF16": "vec_dot_bf16",
-                 "Q4_0": "vec_dot_q4_0_q8_0", "Q4_1": "vec_dot_q4_1_q8_1", "Q5_0": "vec_dot_q5_0_q8_0",
-                 "Q5_1": "vec_dot_q5_1_q8_1", "Q8_0": "vec_dot_q8_0_q8_0", "IQ4_NL": "vec_dot_iq4_nl_q8_0",
-                 "Q2_K": "vec_dot_q2_K_q8_K", "Q3_K": "vec_dot_q3_K_q8_K", "Q4_K": "vec_dot_q4_K_q8_K",
-                 "Q5_K": "vec_dot_q5_K_q8_K", "Q6_K": "vec_dot_q6_K_q8_K", "IQ4_XS": "vec_dot_iq4_xs_q8_K"}
-        for name, fn_name in names.items():
-            mod = L if hasattr(L, fn_name) else KQ
-            if mod is None or not hasattr(mod, fn_name):
-                continue
-            fn = getattr(mod, fn_name)
+        for f in weight_formats():
+            name = f.name
+            fn = getattr(importlib.import_module(f"synapse_nb.kernels.{f.kernels}"), f.vec_dot_name())
             fn.compile(sig)
             asm = fn.inspect_asm(sig)
             lines = asm.splitlines()

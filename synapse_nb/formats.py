@@ -10,6 +10,23 @@ NumPy references:
   * ``vec_dot(w_row: uint8[:], a_row: uint8[:]) -> float32`` for weight formats with NumPy
     kernels here: the same rounded math as ggml's AVX2/AVX-512 dot (lane order included).
 These references are slow and exist for tests; the decoder uses synapse_nb.kernels.
+
+This registry is the one table of formats: every ggml type appears here once, and everything else
+(synapse_nb.kernels.matmul.KERNELS and its drivers, hparams.WEIGHT_TYPES, the tests' and
+benchmarks' type lists) iterates over it. Besides the layout, a class says where its Numba row
+functions live:
+  * ``kernels``: the module of synapse_nb.kernels implementing a weight format's row functions
+    ("legacy" or "kquants"); None for a format that is only an activation format (Q8_1, Q8_K).
+  * ``quantize_kernels``: for a format that is some weight's vec_dot_type, the module holding
+    its ``quantize_row_<stem>`` ("quant_act" or "kquants").
+Row functions are found by name, with ``stem`` = the type name in lower case except a trailing
+"_K" (Q4_0 -> q4_0, Q4_K -> q4_K, IQ4_XS -> iq4_xs) and A = format_of(vec_dot_type):
+  * ``dequantize_row_<stem>(out, w_row)``;
+  * ``vec_dot_<stem>(w_row, a_row, scratch)`` for the float types (block size 1: F32, F16, BF16,
+    whose activations are of their own type), else ``vec_dot_<stem>_<A.stem>``;
+  * optionally ``rows_dot_<stem>_<A.stem>(y, m, w_row, a)`` (all activation rows at once);
+  * ``quantize_row_<A.stem>(out, x)`` in A's ``quantize_kernels`` module.
+The contracts of these functions are in synapse_nb/kernels/matmul.py.
 """
 
 from __future__ import annotations
@@ -36,6 +53,11 @@ def format_of(t) -> "BlockFormat":
 def registered_formats():
     """All registered formats, by ggml type value."""
     return dict(_REGISTRY)
+
+
+def weight_formats():
+    """The formats with Numba row kernels (``kernels`` set), in ggml type order."""
+    return [f for _, f in sorted(_REGISTRY.items()) if f.kernels is not None]
 
 
 def _register(cls):
@@ -138,6 +160,24 @@ class BlockFormat:
     block_size: int
     type_size: int
     vec_dot_type: str | None = None
+    kernels: str | None = None  # kernel module of the row functions (weight formats)
+    quantize_kernels: str | None = None  # kernel module of quantize_row_<stem> (activation formats)
+
+    @property
+    def stem(self) -> str:
+        """Name used in row-function names: 'q4_0', 'q4_K', 'iq4_xs', 'f32'."""
+        low = self.name.lower()
+        return low[:-2] + "_K" if low.endswith("_k") else low
+
+    def vec_dot_name(self) -> str:
+        """Name of the row dot function (vec_dot_<stem>[_<act stem>])."""
+        if self.block_size == 1:
+            return f"vec_dot_{self.stem}"
+        return f"vec_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
+
+    def rows_dot_name(self) -> str:
+        """Name of the optional multi-row dot function (rows_dot_<stem>_<act stem>)."""
+        return f"rows_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
 
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of k values (k a multiple of block_size)."""
@@ -162,6 +202,7 @@ class BlockFormat:
 @_register
 class F32(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "F32", GT.F32, 1, 4, "F32"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         return np.asarray(data).view(np.uint8).view(np.float32).copy()
@@ -179,6 +220,7 @@ class F32(BlockFormat):
 @_register
 class F16(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "F16", GT.F16, 1, 2, "F16"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         return f16_to_f32(np.asarray(data).view(np.uint8).view(np.uint16))
@@ -216,6 +258,7 @@ def _float_dot(w, x, double_sum):
 @_register
 class BF16(BlockFormat):
     name, ggml_type, block_size, type_size, vec_dot_type = "BF16", GT.BF16, 1, 2, "BF16"
+    kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
         h = np.asarray(data).view(np.uint8).view(np.uint16)
@@ -242,19 +285,31 @@ class BF16(BlockFormat):
         return np.float32(s)
 
 
+class _Int8Blocks(BlockFormat):
+    """Q8_0 / Q8_1 / Q8_K: int8 values at bytes [q_lo, q_hi) of a block, times a per-block scale."""
+
+    q_lo: int
+    q_hi: int
+
+    def scale(self, blocks):
+        return _f16_field(blocks, 0)
+
+    def dequantize(self, data):
+        b = self.blocks(data)
+        q = b[..., self.q_lo:self.q_hi].view(np.int8).astype(np.float32)
+        return (q * self.scale(b)[..., None]).reshape(*b.shape[:-2], -1)
+
+
 def _f16_field(blocks, off):
     return f16_to_f32(blocks[..., off:off + 2].copy().view(np.uint16)[..., 0])
 
 
 @_register
-class Q8_0(BlockFormat):
+class Q8_0(_Int8Blocks):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_0", GT.Q8_0, 32, 34, "Q8_0"
+    q_lo, q_hi = 2, 34
+    kernels, quantize_kernels = "legacy", "quant_act"
 
-    def dequantize(self, data):
-        b = self.blocks(data)
-        d = _f16_field(b, 0)
-        q = b[..., 2:].view(np.int8).astype(np.float32)
-        return (q * d[..., None]).reshape(*b.shape[:-2], -1)
 
     def quantize(self, x):
         """x86 quantize_row_q8_0 (AVX2): d = amax/127 as F16, q = rint(x * (127/amax)), int8 by
@@ -280,15 +335,11 @@ Q8_0_ACT = None  # set below (the Q8_0 instance used as an activation format)
 
 
 @_register
-class Q8_1(BlockFormat):
+class Q8_1(_Int8Blocks):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_1", GT.Q8_1, 32, 36, "Q8_1"
+    q_lo, q_hi, quantize_kernels = 4, 36, "quant_act"
     # ggml block_q8_1 is {f16 d, f16 s, int8 qs[32]} = 36 bytes (gguf-py's table says 40).
 
-    def dequantize(self, data):
-        b = self.blocks(data)
-        d = _f16_field(b, 0)
-        q = b[..., 4:].view(np.int8).astype(np.float32)
-        return (q * d[..., None]).reshape(*b.shape[:-2], -1)
 
     def quantize(self, x):
         """x86 quantize_row_q8_1 (AVX2): as Q8_0, plus s = F16(d * sum(q)) with d before F16
@@ -323,44 +374,45 @@ class _Nibbles32(BlockFormat):
         v = self.values(b)  # float32 [..., nb, 32]
         return v.reshape(*b.shape[:-2], -1)
 
-
-@_register
-class Q4_0(_Nibbles32):
-    name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q4_0", GT.Q4_0, 32, 18, "Q8_0", 2
-
-    def ints(self, b):
-        return self.nibbles(b) - 8
-
     def values(self, b):
+        """ints * F16(d) (Q4_0, Q5_0: ggml-quants.c dequantize_row_*)."""
         return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None]
 
     def vec_dot(self, w_row, a_row):
-        """ggml_vec_dot_q4_0_q8_0 (x86 AVX2): lanes of (q-8)*q8, fma with F16(dw)*F16(da)."""
+        """ggml_vec_dot_<type>_q8_0 (x86 AVX2) of Q4_0 / Q5_0: 8 lanes of ints * q8, fma with
+        F16(dw)*F16(da), hsum_float_8."""
         wb, ab = self.blocks(w_row), Q8_0_ACT.blocks(a_row)
         p = self.ints(wb) * ab[:, 2:].view(np.int8).astype(np.int32)
         return hsum_float_8(_lane_dot(p, _f16_field(wb, 0) * _f16_field(ab, 0)))
 
 
-@_register
-class Q5_0(_Nibbles32):
-    name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q5_0", GT.Q5_0, 32, 22, "Q8_0", 6
-
-    def ints(self, b):
-        return (self.nibbles(b) | (self.high_bits(b, 2) << 4)) - 16
+class _Nibbles32Min(_Nibbles32):
+    """Q4_1 / Q5_1: unsigned ints with a scale d and a min m (f16 d, f16 m at the block start)."""
 
     def values(self, b):
-        return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None]
+        return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None] + _f16_field(b, 2)[..., None]
 
     def vec_dot(self, w_row, a_row):
-        """ggml_vec_dot_q5_0_q8_0 (x86 AVX2)."""
-        wb, ab = self.blocks(w_row), Q8_0_ACT.blocks(a_row)
-        p = self.ints(wb) * ab[:, 2:].view(np.int8).astype(np.int32)
-        return hsum_float_8(_lane_dot(p, _f16_field(wb, 0) * _f16_field(ab, 0)))
+        """ggml_vec_dot_<type>_q8_1 (x86 AVX2): lanes with fma, plus summs = sum fma(m, s)."""
+        return _dot_q8_1(self, w_row, a_row)
+
+
+# The nibble formats whose blocks differ only in layout: (name, bytes per block, vec_dot_type,
+# offset of the 16 nibble bytes, base class, the block's integer values from its bytes b).
+for _name, _size, _act, _qs, _base, _ints in (
+        ("Q4_0", 18, "Q8_0", 2, _Nibbles32, lambda f, b: f.nibbles(b) - 8),
+        ("Q5_0", 22, "Q8_0", 6, _Nibbles32, lambda f, b: (f.nibbles(b) | (f.high_bits(b, 2) << 4)) - 16),
+        ("Q4_1", 20, "Q8_1", 4, _Nibbles32Min, lambda f, b: f.nibbles(b)),
+        ("Q5_1", 24, "Q8_1", 8, _Nibbles32Min, lambda f, b: f.nibbles(b) | (f.high_bits(b, 4) << 4))):
+    _register(type(_name, (_base,), {"name": _name, "ggml_type": GT[_name], "block_size": 32, "type_size": _size,
+                                     "vec_dot_type": _act, "qs_off": _qs, "kernels": "legacy", "ints": _ints,
+                                     "__doc__": f"{_name}: 32 values in {_size} bytes."}))
 
 
 @_register
 class IQ4_NL(_Nibbles32):
     name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "IQ4_NL", GT.IQ4_NL, 32, 18, "Q8_0", 2
+    kernels = "legacy"
 
     def ints(self, b):
         return KVALUES_IQ4NL[self.nibbles(b)].astype(np.int32)
@@ -384,35 +436,6 @@ class IQ4_NL(_Nibbles32):
         return np.float32(s)
 
 
-@_register
-class Q4_1(_Nibbles32):
-    name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q4_1", GT.Q4_1, 32, 20, "Q8_1", 4
-
-    def ints(self, b):
-        return self.nibbles(b)
-
-    def values(self, b):
-        return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None] + _f16_field(b, 2)[..., None]
-
-    def vec_dot(self, w_row, a_row):
-        """ggml_vec_dot_q4_1_q8_1 (x86 AVX2): lanes with fma, plus summs = sum fma(m, s)."""
-        return _dot_q8_1(self, w_row, a_row)
-
-
-@_register
-class Q5_1(_Nibbles32):
-    name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "Q5_1", GT.Q5_1, 32, 24, "Q8_1", 8
-
-    def ints(self, b):
-        return self.nibbles(b) | (self.high_bits(b, 4) << 4)
-
-    def values(self, b):
-        return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None] + _f16_field(b, 2)[..., None]
-
-    def vec_dot(self, w_row, a_row):
-        """ggml_vec_dot_q5_1_q8_1 (x86 AVX2)."""
-        return _dot_q8_1(self, w_row, a_row)
-
 
 def _dot_q8_1(fmt, w_row, a_row):
     wb, ab = fmt.blocks(w_row), format_of("Q8_1").blocks(a_row)
@@ -430,49 +453,25 @@ class _KQuant(BlockFormat):
 
     block_size = 256
     vec_dot_type = "Q8_K"
+    kernels = "kquants"
+
+
+# K-quant weight formats: (name, bytes per 256-value super-block); ggml-common.h block_q2_K ...
+for _name, _size in (("Q2_K", 84), ("Q3_K", 110), ("Q4_K", 144), ("Q5_K", 176), ("Q6_K", 210), ("IQ4_XS", 136)):
+    _register(type(_name, (_KQuant,), {"name": _name, "ggml_type": GT[_name], "type_size": _size,
+                                       "__doc__": f"{_name}: 256 values in {_size} bytes."}))
 
 
 @_register
-class Q2_K(_KQuant):
-    name, ggml_type, type_size = "Q2_K", GT.Q2_K, 84
-
-
-@_register
-class Q3_K(_KQuant):
-    name, ggml_type, type_size = "Q3_K", GT.Q3_K, 110
-
-
-@_register
-class Q4_K(_KQuant):
-    name, ggml_type, type_size = "Q4_K", GT.Q4_K, 144
-
-
-@_register
-class Q5_K(_KQuant):
-    name, ggml_type, type_size = "Q5_K", GT.Q5_K, 176
-
-
-@_register
-class Q6_K(_KQuant):
-    name, ggml_type, type_size = "Q6_K", GT.Q6_K, 210
-
-
-@_register
-class IQ4_XS(_KQuant):
-    name, ggml_type, type_size = "IQ4_XS", GT.IQ4_XS, 136
-
-
-@_register
-class Q8_K(BlockFormat):
+class Q8_K(_Int8Blocks):
     """Activation format of the K-quants: f32 d, int8 qs[256], int16 bsums[16] (292 bytes)."""
 
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_K", GT.Q8_K, 256, 292, "Q8_K"
+    quantize_kernels = "kquants"  # f32 scale, then the 256 int8 values
+    q_lo, q_hi = 4, 260
 
-    def dequantize(self, data):
-        b = self.blocks(data)
-        d = b[..., 0:4].copy().view(np.float32)[..., 0]
-        q = b[..., 4:260].view(np.int8).astype(np.float32)
-        return (q * d[..., None]).reshape(*b.shape[:-2], -1)
+    def scale(self, blocks):
+        return blocks[..., 0:4].copy().view(np.float32)[..., 0]
 
     def quantize(self, x):
         """quantize_row_q8_K (ggml-quants.c quantize_row_q8_K_ref, used by x86):

@@ -19,6 +19,7 @@ import numpy as np
 from gguf import Keys
 
 from .errors import SynapseError
+from .formats import weight_formats
 from .gguf_file import GGUFFile, _show
 
 # llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
@@ -28,11 +29,11 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cp
 
 _REQUIRED = object()
 
-# ggml types the kernels can multiply / look up (synapse_nb.kernels.supported_types(); a test keeps
-# the two equal). Listed here so that a file is refused when loaded, naming file, tensor and type,
-# not at the first forward. 1-D tensors (norms, biases, rope_freqs) are read as F32 or F16.
-WEIGHT_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                          "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
+# ggml types the kernels can multiply / look up: the weight formats of synapse_nb.formats' table
+# (= synapse_nb.kernels.supported_types(); a test keeps the two equal). Checked here so that a file
+# is refused when loaded, naming file, tensor and type, not at the first forward. 1-D tensors
+# (norms, biases, rope_freqs) are read as F32 or F16.
+WEIGHT_TYPES = frozenset(f.name for f in weight_formats())
 VECTOR_TYPES = frozenset({"F32", "F16"})
 
 

@@ -24,20 +24,14 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .errors import SynapseError
-from .gguf_file import TensorInfo, open_gguf
+from .gguf_file import open_gguf
 from .hparams import HParams
+from .kernels import BoundWeight, bind
 from .kernels import attention as _attn
 from .kernels import ops as _ops
 
 DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
 DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
-
-
-def _kernels():
-    """matmul and get_rows of synapse_nb.kernels, imported when first needed."""
-    from .kernels import get_rows, matmul
-
-    return matmul, get_rows
 
 
 def _f32_vector(g, name: str, n: int) -> np.ndarray:
@@ -54,36 +48,38 @@ def _f32_vector(g, name: str, n: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer block: GGUF weight tensors (kept in their blocks) and float32 vectors."""
+    """One transformer block: GGUF weights (kept in their blocks, validated once: BoundWeight) and
+    float32 vectors."""
 
     attn_norm: np.ndarray  # float32 [n_embd]
-    wq: TensorInfo  # (n_head * head_dim_k, n_embd)
-    wk: TensorInfo  # (n_head_kv * head_dim_k, n_embd)
-    wv: TensorInfo  # (n_head_kv * head_dim_v, n_embd)
-    wo: TensorInfo  # (n_embd, n_head * head_dim_v)
+    wq: BoundWeight  # (n_head * head_dim_k, n_embd)
+    wk: BoundWeight  # (n_head_kv * head_dim_k, n_embd)
+    wv: BoundWeight  # (n_head_kv * head_dim_v, n_embd)
+    wo: BoundWeight  # (n_embd, n_head * head_dim_v)
     bq: np.ndarray | None  # qwen2 biases, float32
     bk: np.ndarray | None
     bv: np.ndarray | None
     bo: np.ndarray | None
     ffn_norm: np.ndarray  # float32 [n_embd]
-    w_gate: TensorInfo  # (n_ff, n_embd)
-    w_up: TensorInfo  # (n_ff, n_embd)
-    w_down: TensorInfo  # (n_embd, n_ff)
+    w_gate: BoundWeight  # (n_ff, n_embd)
+    w_up: BoundWeight  # (n_ff, n_embd)
+    w_down: BoundWeight  # (n_embd, n_ff)
 
 
 @dataclass(frozen=True)
 class Weights:
     """All weights of a model; `output` is token_embd when the model has no output.weight (tied)."""
 
-    tok_embd: TensorInfo
+    tok_embd: BoundWeight
     output_norm: np.ndarray
-    output: TensorInfo
+    output: BoundWeight
     rope_freqs: np.ndarray  # float32 [n_rot/2]: rope_freqs.weight, or ones
     layers: tuple[LayerWeights, ...]
 
     @classmethod
     def from_gguf(cls, g, hp: HParams) -> Weights:
-        """Collect the tensors of an opened GGUF (shapes already checked by HParams.from_gguf)."""
+        """Collect the tensors of an opened GGUF (shapes already checked by HParams.from_gguf) and
+        bind each 2-D weight to its kernels (synapse_nb.kernels.bind: validated here, once)."""
         E = hp.n_embd
         q, kv, v = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
         layers = []
@@ -91,24 +87,24 @@ class Weights:
             b = f"blk.{i}."
             layers.append(LayerWeights(
                 attn_norm=_f32_vector(g, b + "attn_norm.weight", E),
-                wq=g.tensor(b + "attn_q.weight"),
-                wk=g.tensor(b + "attn_k.weight"),
-                wv=g.tensor(b + "attn_v.weight"),
-                wo=g.tensor(b + "attn_output.weight"),
+                wq=bind(g.tensor(b + "attn_q.weight")),
+                wk=bind(g.tensor(b + "attn_k.weight")),
+                wv=bind(g.tensor(b + "attn_v.weight")),
+                wo=bind(g.tensor(b + "attn_output.weight")),
                 bq=_f32_vector(g, b + "attn_q.bias", q) if hp.has_bias_qkv else None,
                 bk=_f32_vector(g, b + "attn_k.bias", kv) if hp.has_bias_qkv else None,
                 bv=_f32_vector(g, b + "attn_v.bias", v) if hp.has_bias_qkv else None,
                 bo=_f32_vector(g, b + "attn_output.bias", E) if hp.has_bias_o else None,
                 ffn_norm=_f32_vector(g, b + "ffn_norm.weight", E),
-                w_gate=g.tensor(b + "ffn_gate.weight"),
-                w_up=g.tensor(b + "ffn_up.weight"),
-                w_down=g.tensor(b + "ffn_down.weight"),
+                w_gate=bind(g.tensor(b + "ffn_gate.weight")),
+                w_up=bind(g.tensor(b + "ffn_up.weight")),
+                w_down=bind(g.tensor(b + "ffn_down.weight")),
             ))
-        tok_embd = g.tensor("token_embd.weight")
+        tok_embd = bind(g.tensor("token_embd.weight"))
         return cls(
             tok_embd=tok_embd,
             output_norm=_f32_vector(g, "output_norm.weight", E),
-            output=tok_embd if hp.tied_output else g.tensor("output.weight"),
+            output=tok_embd if hp.tied_output else bind(g.tensor("output.weight")),
             rope_freqs=(_f32_vector(g, "rope_freqs.weight", hp.n_rot // 2) if hp.has_rope_freqs
                         else np.ones(hp.n_rot // 2, np.float32)),
             layers=tuple(layers),
@@ -257,7 +253,6 @@ class Model:
         """
         hp = self.hparams
         W = self.weights
-        matmul, get_rows = _kernels()
         n = len(tokens)
         f32 = np.float32
         eps = f32(hp.rms_eps)
@@ -265,8 +260,10 @@ class Model:
         x, h, q, k, v = st.x[:n], st.h[:n], st.q[:n], st.k[:n], st.v[:n]
         attn, o, gate, up, act = st.attn[:n], st.o[:n], st.gate[:n], st.up[:n], st.act[:n]
 
-        # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows)
-        x[:] = get_rows(W.tok_embd, tokens)
+        # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows).
+        # Bound weights do not re-validate: tokens (int64, in range) and the buffers' shapes are
+        # guaranteed by the Session and ForwardState.
+        W.tok_embd.get_rows(tokens, x)
         # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
         self._position_inputs(st, n_past, n)
         rope = st.rope[:n]
@@ -275,9 +272,9 @@ class Model:
             # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
             _ops.rms_norm_rows(h, x, L.attn_norm, eps)
             # Q, K, V projections (+ biases: qwen2)
-            matmul(L.wq, h, out=q)
-            matmul(L.wk, h, out=k)
-            matmul(L.wv, h, out=v)
+            L.wq.matmul(h, q)
+            L.wk.matmul(h, k)
+            L.wv.matmul(h, v)
             if L.bq is not None:
                 q += L.bq
                 k += L.bk
@@ -303,7 +300,7 @@ class Model:
             _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], pos_q, hp.n_head, hp.n_head_kv,
                                  hp.head_dim_k, hp.head_dim_v, self._kq_scale)
             # Output projection (+ bias)
-            matmul(L.wo, attn, out=o)
+            L.wo.matmul(attn, o)
             if L.bo is not None:
                 o += L.bo
             # Residual: ffn_inp = attn_out + x
@@ -311,16 +308,16 @@ class Model:
             # FFN RMSNorm
             _ops.rms_norm_rows(h, x, L.ffn_norm, eps)
             # SwiGLU FFN: down(silu(gate(h)) * up(h))
-            matmul(L.w_gate, h, out=gate)
-            matmul(L.w_up, h, out=up)
+            L.w_gate.matmul(h, gate)
+            L.w_up.matmul(h, up)
             _ops.swiglu_rows(act, gate, up)
-            matmul(L.w_down, act, out=o)
+            L.w_down.matmul(act, o)
             # Residual: x = ffn_out + ffn_inp
             x += o
 
         # Final RMSNorm and the output head (token_embd when tied)
         _ops.rms_norm_rows(h, x, W.output_norm, eps)
-        return matmul(W.output, h)
+        return W.output.matmul(h)
 
 
 def load_model(path) -> Model:

@@ -14,13 +14,22 @@ from gguf import GGMLQuantizationType as GT
 from conftest import KERNELS, TINY
 from synapse_nb import formats as F
 
-WEIGHT_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+# the table's weight formats (formats.py is the one list of types)
+WEIGHT_TYPES = [f.name for f in F.weight_formats()]
+# independent reference: ggml-cpu.c type_traits_cpu[type].vec_dot_type of each weight type we support
 VEC_DOT_TYPE = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
                 "IQ4_NL": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
                 "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "IQ4_XS": "Q8_K"}
 # formats whose NumPy vec_dot reference lives in formats.py (the K-quants' are in kquants' tests)
-NUMPY_DOT = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
+NUMPY_DOT = [f.name for f in F.weight_formats() if hasattr(f, "vec_dot")]
+
+
+def test_table_weight_types_are_ggml_s():
+    """The table's weight formats are exactly the reference list, each with ggml's vec_dot_type."""
+    assert sorted(WEIGHT_TYPES) == sorted(VEC_DOT_TYPE)
+    for name in WEIGHT_TYPES:
+        assert F.format_of(name).vec_dot_type == VEC_DOT_TYPE[name], name
+    assert sorted(NUMPY_DOT) == sorted(n for n in VEC_DOT_TYPE if not n.endswith(("_K", "_XS")))
 
 
 def fixture(fmt):

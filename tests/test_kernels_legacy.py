@@ -18,12 +18,14 @@ from gguf import GGMLQuantizationType as GT
 from conftest import KERNELS, TINY
 from synapse_nb import SynapseError
 from synapse_nb import formats as F
-from synapse_nb.kernels import dequantize, get_rows, matmul, matvec, quantize_activations, supported_types
+from synapse_nb.kernels import (BoundWeight, bind, dequantize, get_rows, matmul, matvec, quantize_activations,
+                                supported_types)
 
 MM = importlib.import_module("synapse_nb.kernels.matmul")
 
-LEGACY = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]
-ALL = LEGACY + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+# from the one table of formats (tests/test_formats.py checks it against ggml's list of types)
+LEGACY = [f.name for f in F.weight_formats() if f.kernels == "legacy"]
+ALL = [f.name for f in F.weight_formats()]
 
 
 class T:
@@ -270,3 +272,32 @@ def test_f16_to_f32_exhaustive():
     nan = np.isnan(ref)
     assert same_bits(out[~nan], ref[~nan])
     assert np.isnan(out[nan]).all()
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q4_K", "F16"])
+def test_bound_weight_is_the_checked_path_without_checks(name):
+    """bind() validates once; BoundWeight.matmul / get_rows give the public functions' bits."""
+    rng = np.random.default_rng(11)
+    w, d = fixture_weight(name)
+    b = bind(w)
+    assert isinstance(b, BoundWeight) and bind(b) is b
+    assert (b.m, b.k, b.fmt.name, b.act_fmt.name) == (768, 256, name, F.format_of(name).vec_dot_type)
+    assert b.rows.shape == (768, F.format_of(name).row_bytes(256)) and np.shares_memory(b.rows, w.data)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    out = np.full((5, 768), np.nan, np.float32)
+    assert b.matmul(x, out) is out
+    assert same_bits(out, matmul(w, x)) and same_bits(matmul(b, x), out)
+    assert same_bits(b.matmul(d["x"]), d["y"])  # ggml's own outputs
+    ids = np.array([3, 0, 767, 3], np.int64)
+    assert same_bits(b.get_rows(ids, np.empty((4, 256), np.float32)), get_rows(w, ids))
+    assert same_bits(matvec(b, x[0]), out[0])
+    with pytest.raises(SynapseError, match="activations have 255 columns"):
+        matmul(b, np.ascontiguousarray(x[:, :255]))  # the public function still checks a bound weight
+
+
+def test_bind_validates_at_load():
+    w, d = fixture_weight("Q4_0")
+    with pytest.raises(SynapseError, match="short: .*bytes of data"):
+        bind(T("short", GT.Q4_0, (768, 256), w.data[:-1]))
+    with pytest.raises(SynapseError, match="not supported"):
+        bind(T("iq2", GT.IQ2_XXS, (8, 256), np.zeros(8 * 66, np.uint8)))

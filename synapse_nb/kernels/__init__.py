@@ -6,6 +6,11 @@ Weights are TensorInfo-like objects (see synapse_nb.gguf_file): ``.name``, ``.gg
 shapes, dtypes and sizes in Python and raises SynapseError (one line naming the tensor) before a
 kernel runs; the kernels themselves do not bounds-check.
 
+``bind(w)`` validates a weight once (as the model loader does) and returns a BoundWeight whose
+``matmul`` / ``get_rows`` call the kernels directly, with no per-call checks: the caller
+guarantees the shapes (Model.forward, whose buffers are sized once per session). The public
+``matmul`` / ``matvec`` / ``get_rows`` / ``dequantize`` bind, validate their arguments, then call.
+
 Numerics: activations are converted to the weight's vec_dot_type exactly as ggml-cpu does on x86
 (Q8_0 / Q8_1 / Q8_K blocks, F16, BF16, or F32 unchanged), integer block dots are exact and the
 float accumulation reproduces ggml's AVX2/AVX-512 lane order (see kernels/legacy.py). Row n of
@@ -21,9 +26,16 @@ import numpy as np
 
 from ..errors import SynapseError
 from .. import formats as _F
-from . import matmul as _mm
+from . import _cache
 
-__all__ = ["matmul", "matvec", "get_rows", "dequantize", "quantize_activations", "supported_types"]
+# Before any kernel module is imported (Numba picks a function's cache locator when @njit(cache=True)
+# decorates it): cached kernels depend on all of synapse_nb/kernels/*.py, not on their own file only.
+_cache.install()
+
+from . import matmul as _mm  # noqa: E402
+
+__all__ = ["bind", "BoundWeight", "matmul", "matvec", "get_rows", "dequantize", "quantize_activations",
+           "supported_types"]
 
 
 def supported_types():
@@ -36,7 +48,9 @@ def _tname(w):
 
 
 def _weight_rows(w):
-    """Validate a weight tensor and return (format, kernels, rows uint8 [M, row_bytes], M, K)."""
+    """Validate a weight tensor and return (format, kernels, rows uint8 [M, row_bytes], M, K).
+
+    Raises SynapseError naming the tensor."""
     name = _tname(w)
     try:
         fmt = _F.format_of(w.ggml_type)
@@ -94,16 +108,12 @@ def quantize_activations(x, act_type):
     ggml-cpu's from_float (x86 quantize_row_q8_0 / quantize_row_q8_1 / quantize_row_q8_K,
     ggml_cpu_fp32_to_fp16 / _bf16). Raises SynapseError on bad input.
     """
-    _mm.ensure_fresh_cache()
     try:
         afmt = _F.format_of(act_type)
     except KeyError:
         raise SynapseError(f"activation type {act_type!r} is not supported") from None
-    drivers = {"Q8_0": _mm._act_q8_0, "Q8_1": _mm._act_q8_1, "F16": _mm._act_f16,
-               "BF16": _mm._act_bf16, "F32": _mm._act_f32}
-    if _mm.KQ is not None:
-        drivers["Q8_K"] = _mm._act_q8_K
-    if afmt.name not in drivers:
+    drv = _mm.ACT_DRIVERS.get(afmt.name)
+    if drv is None:
         raise SynapseError(f"activation type {afmt.name} has no converter")
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim not in (1, 2) or not x.flags.c_contiguous:
         raise SynapseError("activations must be a C-contiguous float32 array of 1 or 2 dimensions")
@@ -112,31 +122,78 @@ def quantize_activations(x, act_type):
         raise SynapseError(f"activations: {k} values is not a multiple of the {afmt.name} block size {afmt.block_size}")
     x2 = x.reshape(-1, k)
     a = np.empty((x2.shape[0], afmt.row_bytes(k)), np.uint8)
-    drivers[afmt.name](a, x2)
+    drv(a, x2)
     return a[0] if x.ndim == 1 else a
+
+
+class BoundWeight:
+    """A weight tensor validated once, with its kernels chosen: what the forward calls.
+
+    Attributes: name; fmt and act_fmt (synapse_nb.formats formats of the weight and of its
+    vec_dot_type); rows (uint8 [m, row_bytes], a view of the tensor's bytes, never copied);
+    m, k (n_out, n_in); act_row_bytes (bytes of one converted activation row); n_scratch (int32
+    scratch entries per thread). Build with bind(w).
+
+    The methods do NOT validate their arguments (Numba does not bounds-check either): x must be
+    float32 C-contiguous [n, k] with n >= 1, out float32 C-contiguous writable [n, m], ids int64
+    C-contiguous in [0, m). Use the module-level matmul / get_rows for checked calls.
+    """
+
+    __slots__ = ("name", "fmt", "act_fmt", "rows", "m", "k", "act_row_bytes", "n_scratch",
+                 "_act", "_mm", "_deq")
+
+    def __init__(self, w):
+        fmt, (act_name, act_drv, mm_drv, deq_drv), rows, m, k = _weight_rows(w)
+        self.name = _tname(w)
+        self.fmt, self.act_fmt = fmt, _F.format_of(act_name)
+        self.rows, self.m, self.k = rows, m, k
+        self.act_row_bytes = self.act_fmt.row_bytes(k)
+        self.n_scratch = _mm.scratch_ints(k)
+        self._act, self._mm, self._deq = act_drv, mm_drv, deq_drv
+
+    def matmul(self, x, out=None):
+        """out[N, M] = x[N, K] W^T (see matmul()); out allocated when None. Returns out."""
+        if out is None:
+            out = np.empty((x.shape[0], self.m), np.float32)
+        a = np.empty((x.shape[0], self.act_row_bytes), np.uint8)
+        self._act(a, x)
+        self._mm(out, self.rows, a, self.n_scratch)
+        return out
+
+    def get_rows(self, ids, out):
+        """out[i] = dequantize(W[ids[i]]) (see get_rows()); out float32 [len(ids), K]. Returns out."""
+        self._deq(out, self.rows, ids)
+        return out
+
+    def __repr__(self):
+        return f"<BoundWeight {self.name}: {self.fmt.name} {self.m}x{self.k}>"
+
+
+def bind(w):
+    """Validate a GGUF weight tensor (TensorInfo-like, 2-D (M, K)) once and return its BoundWeight.
+
+    Raises SynapseError (naming the tensor) on an unsupported type, a bad shape, or data that is
+    not a contiguous byte array of exactly M rows of the format's row size.
+    """
+    return w if isinstance(w, BoundWeight) else BoundWeight(w)
 
 
 def matmul(w, x, out=None):
     """Y[N, M] = X[N, K] W^T for a GGUF weight W of shape (M, K) in any supported type.
 
-    x: float32 C-contiguous [N, K] (N >= 1; the decoder uses up to 64). Each activation row is
-    converted once to W's vec_dot_type and reused by every weight row; each output element is
-    ggml's vec_dot of one weight row with one converted activation row (ggml_compute_forward_mul_mat
-    without repacking). out: optional float32 [N, M] to write into. Returns float32 [N, M].
+    w: a weight tensor (or a BoundWeight). x: float32 C-contiguous [N, K] (N >= 1; the decoder
+    uses up to 64). Each activation row is converted once to W's vec_dot_type and reused by every
+    weight row; each output element is ggml's vec_dot of one weight row with one converted
+    activation row (ggml_compute_forward_mul_mat without repacking). out: optional float32 [N, M]
+    to write into. Returns float32 [N, M].
     Raises SynapseError on unsupported type or inconsistent shapes.
     """
-    fmt, (act_name, act_drv, mm_drv, _), rows, m, k = _weight_rows(w)
-    name = _tname(w)
-    _check_x(name, x, k, 2)
+    b = bind(w)
+    _check_x(b.name, x, b.k, 2)
     n = x.shape[0]
     if n == 0:
-        raise SynapseError(f"tensor {name}: matmul of 0 activation rows")
-    y = _check_out(name, out, (n, m))
-    afmt = _F.format_of(act_name)
-    a = np.empty((n, afmt.row_bytes(k)), np.uint8)
-    act_drv(a, x)
-    mm_drv(y, rows, a, _mm.scratch_ints(k))
-    return y
+        raise SynapseError(f"tensor {b.name}: matmul of 0 activation rows")
+    return b.matmul(x, _check_out(b.name, out, (n, b.m)))
 
 
 def matvec(w, x, out=None):
@@ -161,18 +218,17 @@ def get_rows(w, ids):
     Reproduces ggml_compute_forward_get_rows (the row's to_float, ggml-quants.c dequantize_row_*).
     ids: integer sequence or array, each in [0, M). Raises SynapseError on out-of-range ids.
     """
-    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(w)
-    name = _tname(w)
+    b = bind(w)
     ids = np.ascontiguousarray(np.asarray(ids).reshape(-1))
     if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise SynapseError(f"tensor {name}: row ids must be integers")
+        raise SynapseError(f"tensor {b.name}: row ids must be integers")
     ids = ids.astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or ids.max() >= m):
-        bad = int(ids[(ids < 0) | (ids >= m)][0])
-        raise SynapseError(f"tensor {name}: row id {bad} out of range [0, {m})")
-    out = np.empty((ids.size, k), np.float32)
+    if ids.size and (ids.min() < 0 or ids.max() >= b.m):
+        bad = int(ids[(ids < 0) | (ids >= b.m)][0])
+        raise SynapseError(f"tensor {b.name}: row id {bad} out of range [0, {b.m})")
+    out = np.empty((ids.size, b.k), np.float32)
     if ids.size:
-        deq_drv(out, rows, ids)
+        b.get_rows(ids, out)
     return out
 
 
@@ -191,7 +247,6 @@ def dequantize(w):
     gguf.quants.dequantize / ggml-quants.c dequantize_row_*. Raises SynapseError on bad input.
     """
     one_d = len(tuple(w.shape)) == 1
-    fmt, (_, _, _, deq_drv), rows, m, k = _weight_rows(_AsRow(w) if one_d else w)
-    out = np.empty((m, k), np.float32)
-    deq_drv(out, rows, np.arange(m, dtype=np.int64))
+    b = bind(_AsRow(w) if one_d else w)
+    out = b.get_rows(np.arange(b.m, dtype=np.int64), np.empty((b.m, b.k), np.float32))
     return out[0] if one_d else out

@@ -1,6 +1,14 @@
-"""Scalar helpers shared by the kernels: F16/BF16 conversions and an exact FMA.
+"""The kernels' one toolkit: scalar helpers, the host-feature probe and every LLVM-IR helper.
 
-All functions are plain ``@njit(cache=True, error_model="numpy")`` so that kernels inline them.
+Scalar functions are plain ``@njit(cache=True, error_model="numpy")`` so that kernels inline
+them; the SIMD pieces are Numba intrinsics emitting explicit LLVM vector IR (block dots, lane
+fmas, table lookups, stack buffers), used by legacy.py and kquants.py.
+
+Host features (HOST_FEATURES, probed once here): vpdpbusd (AVX512-VNNI + VL), vcvtph2ps (F16C)
+and pshufb (SSSE3) are used when the host has them, else portable IR computing the same bits.
+Numba's cache is keyed on the host CPU and its features, so baking the choice into compiled code
+is safe; when Numba is told to target another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, e.g.
+``NUMBA_CPU_NAME=generic``), the probe reports no features and only portable IR is emitted.
 
 Sources reproduced:
   * ``ggml_table_f32_f16`` / ``GGML_CPU_FP16_TO_FP32`` (F16 -> F32, exact),
@@ -11,6 +19,8 @@ Sources reproduced:
   * ``_mm256_fmadd_ps`` / ``_mm512_fmadd_ps`` (one rounding), through LLVM's ``llvm.fma.f32``.
 """
 
+import inspect
+
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
@@ -19,7 +29,17 @@ from numba.core import config
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..formats import KVALUES_IQ4NL as _KVALUES_IQ4NL
+
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+
+HOST_FEATURES = {} if (config.CPU_NAME or config.CPU_FEATURES) else dict(llvm_binding.get_host_cpu_features())
+HAS_F16C = bool(HOST_FEATURES.get("f16c"))
+HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
+HAS_PSHUFB = bool(HOST_FEATURES.get("ssse3"))
+
+# ggml-common.h kvalues_iq4nl: the 16 non-linear levels of IQ4_NL / IQ4_XS (defined in formats.py).
+KVALUES_IQ4NL = _KVALUES_IQ4NL
 
 # ggml_table_f32_f16: every F16 bit pattern as F32 (exact; 256 KiB, frozen into kernels as a constant).
 F16_TO_F32_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -51,11 +71,7 @@ def f32_bits(typingctx, f):
 
 
 # F16C turns ``fpext half`` into vcvtph2ps; without it LLVM would call a compiler-rt helper that
-# Numba's JIT does not provide, so then the conversion is spelled out in integer IR. Numba's
-# cache is keyed on the host CPU, so baking the choice in is safe; when Numba is told to target
-# another CPU, the integer form is used.
-_HOST = {} if (config.CPU_NAME or config.CPU_FEATURES) else llvm_binding.get_host_cpu_features()
-_F16C = bool(_HOST.get("f16c"))
+# Numba's JIT does not provide, so then the conversion is spelled out in integer IR.
 
 
 def _ir_f16_to_f32(builder, h16):
@@ -95,11 +111,29 @@ def f16_to_f32(typingctx, h):
             v = builder.trunc(v, ir.IntType(16))
         elif h.bitwidth < 16:
             v = builder.zext(v, ir.IntType(16))
-        if _F16C:
+        if HAS_F16C:
             return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
         return _ir_f16_to_f32(builder, v)
 
     return sig, codegen
+
+
+@intrinsic
+def as_f32(typingctx, v):
+    """A float32 unchanged, or F16 bits (an integer) as float32 (f16_to_f32): lets one loop read
+    F32 and F16 rows (ggml_vec_dot_f32 / ggml_vec_dot_f16's F32Cx16 loads)."""
+    if isinstance(v, types.Integer):
+        return f16_to_f32._defn(typingctx, v)  # its typing and codegen
+    if v != types.float32:
+        return None
+    return types.float32(v), lambda context, builder, signature, args: args[0]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def copy_u32(dst, src):
+    """dst[i] = src[i] for the dst.size 32-bit words (F32 rows viewed as uint32: bits unchanged)."""
+    for i in range(dst.size):
+        dst[i] = src[i]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -144,13 +178,13 @@ def f32_to_bf16_bits(u):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7):
-    """Horizontal sum of 8 float32 lanes in ggml's hsum_float_8 order (x86/quants.c):
+def hsum_float_8(a):
+    """Horizontal sum of the 8 float32 lanes a[0:8] in ggml's hsum_float_8 order (x86/quants.c):
     ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))."""
-    r0 = a0 + a4
-    r1 = a1 + a5
-    r2 = a2 + a6
-    r3 = a3 + a7
+    r0 = a[0] + a[4]
+    r1 = a[1] + a[5]
+    r2 = a[2] + a[6]
+    r3 = a[3] + a[7]
     return (r0 + r2) + (r1 + r3)
 
 
@@ -184,32 +218,27 @@ def u32_as_f32(typingctx, u):
     return sig, codegen
 
 
-@intrinsic(prefer_literal=True)
-def stack_i32(typingctx, n):
-    """Pointer to n int32 in the calling function's stack frame (n a literal; allocated once in the
-    entry block). LLVM knows it aliases nothing else, which lets loops that store into it vectorize.
-    Wrap with numba.carray(ptr, n)."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
+def _stack_array(elt_ir, elt_nb, what):
+    def stack(typingctx, n):
+        if not isinstance(n, types.IntegerLiteral):
+            return None
+        size = n.literal_value
 
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.IntType(32), size=size)
+        def codegen(context, builder, signature, args):
+            return cgutils.alloca_once(builder, elt_ir, size=size)
 
-    return types.CPointer(types.int32)(n), codegen
+        return types.CPointer(elt_nb)(n), codegen
+
+    stack.__name__ = stack.__qualname__ = f"stack_{elt_nb}"
+    stack.__doc__ = (f"Pointer to n {what} in the calling function's stack frame (n a literal; allocated "
+                     "once in the entry block). LLVM knows it aliases nothing else, which lets loops that "
+                     "store into it vectorize. Wrap with numba.carray(ptr, n).")
+    return intrinsic(prefer_literal=True)(stack)
 
 
-@intrinsic(prefer_literal=True)
-def stack_f32(typingctx, n):
-    """Pointer to n float32 in the calling function's stack frame (n a literal); see stack_i32."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
-
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.FloatType(), size=size)
-
-    return types.CPointer(types.float32)(n), codegen
+stack_i32 = _stack_array(_I32, types.int32, "int32")
+stack_f32 = _stack_array(_F32, types.float32, "float32")
+stack_u8 = _stack_array(_I8, types.uint8, "uint8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,10 +293,8 @@ def ir_add_const(builder, v, c):
     return builder.add(v, ir.Constant(v.type, [c & 0xFF if v.type.element == _I8 else c] * v.type.count))
 
 
-# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32). Numba's cache is
-# keyed on the host CPU, so using it when the host has AVX512-VNNI + VL is safe; when Numba is told
-# to target another CPU, the portable widening multiply is used.
-_VNNI = bool(_HOST.get("avx512vnni") and _HOST.get("avx512vl"))
+# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32): used when the host
+# has AVX512-VNNI + VL (HAS_VNNI256), else the portable widening multiply.
 
 
 def _lanes_portable(builder, w8, a8, signed):
@@ -290,6 +317,34 @@ def _lanes_vnni(builder, w8, a8, signed):
     return builder.call(fn, [ir.Constant(i32x8, [0] * 8), builder.bitcast(w8, i32x8), builder.bitcast(a8, i32x8)])
 
 
+def ir_lanes(builder, w8, a8, signed):
+    """<8 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <32 x i8> weights w (signed, or unsigned
+    0..255 when not ``signed``) and signed activations a: exact (ggml's maddubs + madd)."""
+    return (_lanes_vnni if HAS_VNNI256 else _lanes_portable)(builder, w8, a8, signed)
+
+
+def ir_fma8(builder, acc_ptr, d, lanes, splat_first=False):
+    """acc[0:8] = fma(d, float(lanes), acc[0:8]) per lane (_mm256_fmadd_ps(d, cvtepi32_ps(lanes),
+    acc)) as one <8 x float> llvm.fma; acc_ptr: a pointer to 8 float32.
+
+    The same operations either way; ``splat_first`` only changes the order the IR is emitted in,
+    which changes LLVM's register allocation: each caller keeps the order it was tuned with (the
+    legacy block dots measured 8-15% slower with the K-quants' order, the K-quant dots keep theirs).
+    """
+    v8f = ir.VectorType(_F32, 8)
+    dv = _splat(builder, d, 8) if splat_first else None
+    fl = builder.sitofp(lanes, v8f)
+    vptr = builder.bitcast(acc_ptr, v8f.as_pointer())
+    acc = builder.load(vptr, align=4)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+    builder.store(builder.call(fma, [dv or _splat(builder, d, 8), fl, acc]), vptr, align=4)
+
+
+def _data(context, builder, aty, aval, elt=_I8):
+    """Data pointer of a Numba array argument, as elt*."""
+    return builder.bitcast(context.make_array(aty)(context, builder, aval).data, elt.as_pointer())
+
+
 def make_block_lanes_fma(decode, signed):
     """Build the block intrinsic for a weight decoder (see the comment above). ``decode(builder,
     wblock_ptr)`` returns the block's 32 weight values as <32 x i8>, signed or (values 0..255)
@@ -301,20 +356,11 @@ def make_block_lanes_fma(decode, signed):
 
         def codegen(context, builder, signature, args):
             accp, dval, w, wo, a, ao = args
-            wdata = context.make_array(signature.args[2])(context, builder, w).data
-            adata = context.make_array(signature.args[4])(context, builder, a).data
-            wdata = builder.bitcast(wdata, _I8.as_pointer())
-            adata = builder.bitcast(adata, _I8.as_pointer())
+            wdata = _data(context, builder, signature.args[2], w)
+            adata = _data(context, builder, signature.args[4], a)
             w8 = decode(builder, builder.gep(wdata, [wo]))
             a8 = ir_int8x32(builder, builder.gep(adata, [ao]))
-            lanes = (_lanes_vnni if _VNNI else _lanes_portable)(builder, w8, a8, signed)
-            fl = builder.sitofp(lanes, ir.VectorType(_F32, 8))
-            vptr = builder.bitcast(accp, ir.VectorType(_F32, 8).as_pointer())
-            acc = builder.load(vptr, align=4)
-            fty = ir.FunctionType(ir.VectorType(_F32, 8), [ir.VectorType(_F32, 8)] * 3)
-            fma = cgutils.get_or_insert_function(builder.module, fty, "llvm.fma.v8f32")
-            res = builder.call(fma, [_splat(builder, dval, 8), fl, acc])
-            builder.store(res, vptr, align=4)
+            ir_fma8(builder, accp, dval, ir_lanes(builder, w8, a8, signed))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -322,52 +368,166 @@ def make_block_lanes_fma(decode, signed):
     return block_lanes_fma
 
 
+def make_block_dequant(decode, with_min):
+    """Build ``block_dequant(out, o_off, d, m, w_row, w_off)`` for a 32-value block format:
+    out[o_off + j] = float(q_j) * d (+ m when ``with_min``), j < 32, with the q_j from
+    ``decode(builder, wblock_ptr)`` (<32 x i8>, as for make_block_lanes_fma; values of unsigned
+    formats are < 128). One rounding for the product and one for the sum, as
+    ggml-quants.c dequantize_row_* (x*d, x*d + m; never fused)."""
+
+    @intrinsic
+    def block_dequant(typingctx, out, o_off, d, m, w_row, w_off):
+        sig = types.void(out, types.intp, types.float32, types.float32, w_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            o, oo, dval, mval, w, wo = args
+            v32f = ir.VectorType(_F32, 32)
+            q = decode(builder, builder.gep(_data(context, builder, signature.args[4], w), [wo]))
+            r = builder.fmul(builder.sitofp(q, v32f), _splat(builder, dval, 32))
+            if with_min:
+                r = builder.fadd(r, _splat(builder, mval, 32))
+            dst = builder.gep(_data(context, builder, signature.args[0], o, _F32), [oo])
+            builder.store(r, builder.bitcast(dst, v32f.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block_dequant
+
+
+def ir_lookup16(builder, idx, table):
+    """table[idx] for a <16 x i8> vector of indices 0..15 and 16 byte values (ints 0..255):
+    pshufb (what ggml's AVX2 code does) with SSSE3, else a compare/select chain."""
+    i8x16 = ir.VectorType(_I8, 16)
+    if HAS_PSHUFB:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
+                                            "llvm.x86.ssse3.pshuf.b.128")
+        return builder.call(fn, [ir.Constant(i8x16, list(table)), idx])
+    res = ir.Constant(i8x16, [table[0]] * 16)
+    for v in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(i8x16, [v] * 16))
+        res = builder.select(hit, ir.Constant(i8x16, [table[v]] * 16), res)
+    return res
+
+
+def ir_lookup_nibbles32(builder, qs_ptr, table):
+    """16 bytes of nibble indices at qs_ptr -> <32 x i8>: table[low nibbles] then table[high]."""
+    i8x16 = ir.VectorType(_I8, 16)
+    v = _vload(builder, qs_ptr, 16)
+    lo = ir_lookup16(builder, builder.and_(v, ir.Constant(i8x16, [15] * 16)), table)
+    hi = ir_lookup16(builder, builder.lshr(v, ir.Constant(i8x16, [4] * 16)), table)
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+
+
+# kvalues_iq4nl as bytes: two's complement (signed lookups) and + 128 (unsigned, for K-quant dots)
+IQ4NL_TABLE_S8 = [int(v) & 0xFF for v in KVALUES_IQ4NL]
+IQ4NL_TABLE_U8 = [int(v) + 128 for v in KVALUES_IQ4NL]
+
+
+# ---------------------------------------------------------------------------------------------
+# K-quant super-block pieces (kquants.py): weights unpacked to uint8 arrays, int32 lane sums.
+# ---------------------------------------------------------------------------------------------
+
+
+def ir_intrinsic(typer):
+    """Decorator: a Numba intrinsic from an LLVM-IR emitter, without the typing/codegen boilerplate.
+
+    ``typer(arg types...) -> signature`` (its parameter names are the intrinsic's);
+    the decorated ``emit(context, builder, sig, args)`` emits the IR and returns the result value,
+    or None for a void intrinsic.
+    """
+
+    def wrap(emit):
+        def typing(typingctx, *arg_types):
+            sig = typer(*arg_types)
+
+            def codegen(context, builder, signature, args):
+                res = emit(context, builder, signature, args)
+                return context.get_dummy_value() if res is None else res
+
+            return sig, codegen
+
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                  for n in ["typingctx", *inspect.signature(typer).parameters]]
+        typing.__signature__ = inspect.Signature(params)  # what Numba reads as the call signature
+        typing.__name__ = typing.__qualname__ = emit.__name__
+        typing.__doc__ = emit.__doc__
+        return intrinsic(typing)
+
+    return wrap
+
+
+_V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+
+
+@ir_intrinsic(lambda p, qb, qo, ya, yo, s_lo, s_hi: types.void(p, qb, types.intp, ya, types.intp, types.int32,
+                                                               types.int32))
+def dot32_scaled_add(context, builder, sig, args):
+    """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
+
+    p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
+    qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
+    The 4-value lane sums are those of ggml's maddubs+madd (exact int32), ir_lanes unsigned.
+    """
+    p_t, qb_t, _, ya_t, _, _, _ = sig.args
+    p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
+    q8 = ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]))
+    y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
+    lanes = ir_lanes(builder, q8, y8, signed=False)
+    scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
+                                   ir.Constant(_V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p))
+def lanes_fma8(context, builder, sig, args):
+    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]):
+    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc) as one <8 x float> llvm.fma (ir_fma8)."""
+    (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
+    lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
+    ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes, splat_first=True)
+
+
+@ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
+def iq4_lookup32(context, builder, sig, args):
+    """qb[qo+t] = kvalues_iq4nl[w[wo+t] & 15] + 128, qb[qo+16+t] = ...[w[wo+t] >> 4] + 128, t < 16
+    (unsigned bytes for dot32_scaled_add; ir_lookup_nibbles32)."""
+    (qb_t, _, w_t, _), (qb_v, qo_v, w_v, wo_v) = sig.args, args
+    v = ir_lookup_nibbles32(builder, builder.gep(_data(context, builder, w_t, w_v), [wo_v]), IQ4NL_TABLE_U8)
+    dst = builder.gep(_data(context, builder, qb_t, qb_v), [qo_v])
+    builder.store(v, builder.bitcast(dst, v.type.as_pointer()), align=1)
+
+
 # The 8 accumulators are touched only through these <8 x float> loads/stores, so LLVM keeps them in
 # one vector register across the block loop (mixed scalar/vector access would pin them to memory).
 
 
-@intrinsic
-def acc8_zero(typingctx, acc_ptr):
+def _acc8(builder, ptr):
+    return builder.bitcast(ptr, _V8F.as_pointer())
+
+
+@ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
+def acc8_zero(context, builder, sig, args):
     """acc[0:8] = 0 (acc_ptr from stack_f32(8))."""
-    sig = types.void(acc_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        builder.store(ir.Constant(vty, [0.0] * 8), builder.bitcast(args[0], vty.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    builder.store(ir.Constant(_V8F, [0.0] * 8), _acc8(builder, args[0]), align=4)
 
 
-@intrinsic
-def acc8_add(typingctx, dst_ptr, src_ptr):
+@ir_intrinsic(lambda dst_ptr, src_ptr: types.void(dst_ptr, src_ptr))
+def acc8_add(context, builder, sig, args):
     """dst[0:8] += src[0:8] (lane-wise _mm256_add_ps)."""
-    sig = types.void(dst_ptr, src_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        dp = builder.bitcast(args[0], vty.as_pointer())
-        sp = builder.bitcast(args[1], vty.as_pointer())
-        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    dp, sp = _acc8(builder, args[0]), _acc8(builder, args[1])
+    builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
 
 
-@intrinsic
-def acc8_hsum(typingctx, acc_ptr):
+@ir_intrinsic(lambda acc_ptr: types.float32(acc_ptr))
+def acc8_hsum(context, builder, sig, args):
     """hsum_float_8 of acc[0:8] in ggml's order: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
-    sig = types.float32(acc_ptr)
-
-    def codegen(context, builder, signature, args):
-        vty = ir.VectorType(_F32, 8)
-        v = builder.load(builder.bitcast(args[0], vty.as_pointer()), align=4)
-        a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
-        r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
-        r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
-        return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
-
-    return sig, codegen
+    v = builder.load(_acc8(builder, args[0]), align=4)
+    a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
+    r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
+    r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
+    return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
 
 
 @intrinsic

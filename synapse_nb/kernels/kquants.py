@@ -24,8 +24,9 @@ Q5_K keeps a scalar ``summs += dmin * sum(mins * q8sums)`` (fused: gcc contracts
 vfmadd231ss) added last.  Q6_K multiplies the unsigned 6-bit values and subtracts
 ``32 * (scale * bsums)`` per lane afterwards (lane k gets sub-blocks 2k and 2k+1).
 
-Speed: the integer lanes use vpdpbusd (AVX512-VNNI, 256-bit) when the host has it, else
-portable LLVM vector IR; the half->float conversion is LLVM fpext (vcvtph2ps, F16C).
+Speed: the SIMD pieces come from common.py (the one toolkit): the integer lanes use vpdpbusd
+(AVX512-VNNI, 256-bit) when the host has it, else portable LLVM vector IR; the half->float
+conversion is vcvtph2ps with F16C, else exact integer IR; the IQ4 lookup is pshufb or portable.
 
 Weights and activations are the raw GGUF/ggml block bytes (uint8, C-contiguous rows).  The
 kernels do not bounds-check: callers validate that a row holds whole blocks and that
@@ -36,14 +37,10 @@ seen here: the drivers in matmul.py check shapes against the ggml type first.
 
 
 import numpy as np
-import llvmlite.binding as _llvm
-from llvmlite import ir
-from numba import carray, njit, types
-from numba.core import cgutils
-from numba.core import config as _nb_config
-from numba.extending import intrinsic
+from numba import carray, njit
 
-from .common import f32_bits, fma32, stack_f32, stack_i32, u32_as_f32
+from .common import (KVALUES_IQ4NL, dot32_scaled_add, f16_le, f32_bits, fma32, hsum_float_8, iq4_lookup32,
+                     lanes_fma8, stack_f32, stack_i32, stack_u8, u32_as_f32)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -54,31 +51,6 @@ Q5_K_BYTES = 176
 Q6_K_BYTES = 210
 IQ4_XS_BYTES = 136
 
-# ggml-common.h kvalues_iq4nl: the 16 non-linear IQ4 levels.
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
-                          1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
-
-
-# ---------------------------------------------------------------------------------------
-# Low-level helpers (LLVM intrinsics Numba does not expose)
-# ---------------------------------------------------------------------------------------
-
-@intrinsic
-def _half_bits_to_f32(typingctx, u):
-    """IEEE half (bits in a uint16) -> float32, exactly (LLVM fpext: vcvtph2ps with F16C)."""
-    sig = types.float32(types.uint16)
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
-
-@njit(cache=True, error_model="numpy")
-def _f16(w, o):
-    """IEEE half at bytes w[o], w[o+1] (little endian) -> float32, exactly (GGML_FP16_TO_FP32)."""
-    return _half_bits_to_f32(np.uint16(w[o]) | (np.uint16(w[o + 1]) << np.uint16(8)))
-
 
 @njit(cache=True, error_model="numpy")
 def _f32(w, o):
@@ -86,164 +58,6 @@ def _f32(w, o):
     u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
          | (np.uint32(w[o + 2]) << np.uint32(16)) | (np.uint32(w[o + 3]) << np.uint32(24)))
     return u32_as_f32(u)
-
-
-@njit(cache=True, error_model="numpy")
-def _hsum8(a):
-    """ggml hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), float32."""
-    r0 = a[0] + a[4]
-    r1 = a[1] + a[5]
-    r2 = a[2] + a[6]
-    r3 = a[3] + a[7]
-    return (r0 + r2) + (r1 + r3)
-
-
-# Does LLVM target AVX512-VNNI with 256-bit vectors here?  Then _dot32 uses vpdpbusd (the
-# instruction computes exactly our 4-value lane sums); otherwise portable vector IR.  Numba's
-# on-disk cache is keyed on the host CPU and its features, so cached code never crosses CPUs.
-# When Numba is told to target another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), only the
-# portable IR is used.
-_HOST_FEATURES = {} if (_nb_config.CPU_NAME or _nb_config.CPU_FEATURES) else _llvm.get_host_cpu_features()
-_VNNI256 = bool(_HOST_FEATURES.get("avx512vnni") and _HOST_FEATURES.get("avx512vl"))
-
-
-def _splat(builder, vty, value):
-    i32 = ir.IntType(32)
-    one = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(i32, 0))
-    zeros = ir.Constant(ir.VectorType(i32, vty.count), [0] * vty.count)
-    return builder.shuffle_vector(one, ir.Constant(vty, None), zeros)
-
-
-@intrinsic
-def _dot32(typingctx, p, qb, qo, ya, yo, s_lo, s_hi):
-    """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
-
-    p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
-    qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
-    The 4-value lane sums are those of ggml's maddubs+madd (exact int32); with AVX512-VNNI
-    they are one vpdpbusd.
-    """
-    sig = types.void(p, qb, types.intp, ya, types.intp, types.int32, types.int32)
-
-    def codegen(context, builder, signature, args):
-        p_t, qb_t, _, ya_t, _, _, _ = signature.args
-        p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
-        i8 = ir.IntType(8)
-        i32 = ir.IntType(32)
-        v32b = ir.VectorType(i8, 32)
-        v8i = ir.VectorType(i32, 8)
-        v32i = ir.VectorType(i32, 32)
-        p_a = context.make_array(p_t)(context, builder, p_v)
-        q_a = context.make_array(qb_t)(context, builder, qb_v)
-        y_a = context.make_array(ya_t)(context, builder, ya_v)
-        Q = builder.load(builder.bitcast(builder.gep(q_a.data, [qo_v]), v32b.as_pointer()), align=1)
-        Y = builder.load(builder.bitcast(builder.gep(y_a.data, [yo_v]), v32b.as_pointer()), align=1)
-        if _VNNI256:
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i, [v8i, v8i, v8i]),
-                                                "llvm.x86.avx512.vpdpbusd.256")
-            lanes = builder.call(fn, [ir.Constant(v8i, [0] * 8), builder.bitcast(Q, v8i), builder.bitcast(Y, v8i)])
-        else:
-            prod = builder.mul(builder.zext(Q, v32i), builder.sext(Y, v32i))
-
-            def pick(off):
-                return builder.shuffle_vector(prod, ir.Constant(v32i, None),
-                                              ir.Constant(v8i, [4 * k + off for k in range(8)]))
-
-            lanes = builder.add(builder.add(pick(0), pick(1)), builder.add(pick(2), pick(3)))
-        lo = _splat(builder, v8i, slo_v)
-        hi = _splat(builder, v8i, shi_v)
-        scale = builder.shuffle_vector(lo, hi, ir.Constant(v8i, [0, 1, 2, 3, 12, 13, 14, 15]))
-        p_ptr = builder.bitcast(p_a.data, v8i.as_pointer())
-        builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def _lanes_fma(typingctx, acc, d, p):
-    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]).
-
-    One fused multiply-add per lane, as _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc),
-    written as one <8 x float> llvm.fma (Numba compiles the scalar loop to 8 extract/convert/fma).
-    """
-    sig = types.void(acc, types.float32, p)
-
-    def codegen(context, builder, signature, args):
-        acc_t, _, p_t = signature.args
-        acc_v, d_v, p_v = args
-        i32 = ir.IntType(32)
-        f32 = ir.FloatType()
-        v8i = ir.VectorType(i32, 8)
-        v8f = ir.VectorType(f32, 8)
-        acc_a = context.make_array(acc_t)(context, builder, acc_v)
-        p_a = context.make_array(p_t)(context, builder, p_v)
-        P = builder.load(builder.bitcast(p_a.data, v8i.as_pointer()), align=4)
-        acc_p = builder.bitcast(acc_a.data, v8f.as_pointer())
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
-                                             "llvm.fma.v8f32")
-        builder.store(builder.call(fma, [_splat(builder, v8f, d_v), builder.sitofp(P, v8f),
-                                         builder.load(acc_p, align=4)]), acc_p, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-_SSSE3 = bool(_HOST_FEATURES.get("ssse3"))
-
-
-@intrinsic
-def _iq4_lookup32(typingctx, qb, qo, w, wo):
-    """qb[qo+t] = kvalues_iq4nl[w[wo+t] & 15] + 128, qb[qo+16+t] = ...[w[wo+t] >> 4] + 128, t < 16.
-
-    A 16-entry byte table lookup: pshufb where available, else portable IR.
-    """
-    sig = types.void(qb, types.intp, w, types.intp)
-
-    def codegen(context, builder, signature, args):
-        qb_t, _, w_t, _ = signature.args
-        qb_v, qo_v, w_v, wo_v = args
-        i8 = ir.IntType(8)
-        i32 = ir.IntType(32)
-        v16b = ir.VectorType(i8, 16)
-        q_a = context.make_array(qb_t)(context, builder, qb_v)
-        w_a = context.make_array(w_t)(context, builder, w_v)
-        B = builder.load(builder.bitcast(builder.gep(w_a.data, [wo_v]), v16b.as_pointer()), align=1)
-        lo = builder.and_(B, ir.Constant(v16b, [15] * 16))
-        hi = builder.lshr(B, ir.Constant(v16b, [4] * 16))
-        table = ir.Constant(v16b, [int(v) + 128 for v in KVALUES_IQ4NL])
-
-        def lookup(idx):
-            if _SSSE3:
-                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16b, [v16b, v16b]),
-                                                    "llvm.x86.ssse3.pshuf.b.128")
-                return builder.call(fn, [table, idx])
-            out = ir.Constant(v16b, None)
-            for k in range(16):
-                entry = builder.extract_element(table, builder.extract_element(idx, ir.Constant(i32, k)))
-                out = builder.insert_element(out, entry, ir.Constant(i32, k))
-            return out
-
-        dst = builder.gep(q_a.data, [qo_v])
-        builder.store(lookup(lo), builder.bitcast(dst, v16b.as_pointer()), align=1)
-        dst_hi = builder.gep(dst, [ir.Constant(ir.IntType(64), 16)])
-        builder.store(lookup(hi), builder.bitcast(dst_hi, v16b.as_pointer()), align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic(prefer_literal=True)
-def _stack_u8(typingctx, n):
-    """Pointer to n uint8 on the caller's stack (n a literal)."""
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
-
-    def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, ir.IntType(8), size=size)
-
-    return types.CPointer(types.uint8)(n), codegen
 
 
 @njit(cache=True, error_model="numpy")
@@ -330,8 +144,8 @@ def dequantize_row_q2_K(out, w_row):
     nb = w_row.size // Q2_K_BYTES
     for i in range(nb):
         o = i * Q2_K_BYTES
-        d = _f16(w_row, o + 80)
-        dmin = _f16(w_row, o + 82)
+        d = f16_le(w_row, o + 80)
+        dmin = f16_le(w_row, o + 82)
         for j in range(2):
             for s in range(4):
                 for h in range(2):
@@ -355,7 +169,7 @@ def dequantize_row_q3_K(out, w_row):
     nb = w_row.size // Q3_K_BYTES
     for i in range(nb):
         o = i * Q3_K_BYTES
-        d = _f16(w_row, o + 108)
+        d = f16_le(w_row, o + 108)
         for j in range(2):
             for s in range(4):
                 for h in range(2):
@@ -369,18 +183,15 @@ def dequantize_row_q3_K(out, w_row):
                         out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
 
 
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q4_K(out, w_row):
-    """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
-
-    out: float32[nb*256]; w_row: uint8[nb*144] (f16 d, f16 dmin, scales[12] 6-bit
-    scales and mins, qs[128] 4-bit).  y = (d*sc)*q - (dmin*m).
-    """
-    nb = w_row.size // Q4_K_BYTES
+@njit(cache=True, error_model="numpy", inline="always")
+def _dequantize_q45_K(out, w_row, block_bytes, qs_off, high_bits):
+    """Q4_K / Q5_K rows -> float32: f16 d, f16 dmin, scales[12] (6-bit scales and mins), then for
+    Q5_K (high_bits) qh[32] high bits, then qs[128] low nibbles at qs_off. y = (d*sc)*q - (dmin*m)."""
+    nb = w_row.size // block_bytes
     for i in range(nb):
-        o = i * Q4_K_BYTES
-        d = _f16(w_row, o)
-        dmin = _f16(w_row, o + 2)
+        o = i * block_bytes
+        d = f16_le(w_row, o)
+        dmin = f16_le(w_row, o + 2)
         for j in range(4):
             sc1, m1 = _k4_scale_min(w_row, o + 4, 2 * j)
             sc2, m2 = _k4_scale_min(w_row, o + 4, 2 * j + 1)
@@ -390,9 +201,25 @@ def dequantize_row_q4_K(out, w_row):
             mm2 = dmin * np.float32(m2)
             base = i * QK_K + 64 * j
             for t in range(32):
-                b = np.int32(w_row[o + 16 + 32 * j + t])
-                out[base + t] = d1 * np.float32(b & np.int32(15)) - mm1
-                out[base + 32 + t] = d2 * np.float32(b >> np.int32(4)) - mm2
+                b = np.int32(w_row[o + qs_off + 32 * j + t])
+                q1 = b & np.int32(15)
+                q2 = b >> np.int32(4)
+                if high_bits:
+                    h = np.int32(w_row[o + 16 + t])
+                    q1 |= ((h >> np.int32(2 * j)) & np.int32(1)) << np.int32(4)
+                    q2 |= ((h >> np.int32(2 * j + 1)) & np.int32(1)) << np.int32(4)
+                out[base + t] = d1 * np.float32(q1) - mm1
+                out[base + 32 + t] = d2 * np.float32(q2) - mm2
+
+
+@njit(cache=True, error_model="numpy")
+def dequantize_row_q4_K(out, w_row):
+    """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
+
+    out: float32[nb*256]; w_row: uint8[nb*144] (f16 d, f16 dmin, scales[12] 6-bit
+    scales and mins, qs[128] 4-bit).  y = (d*sc)*q - (dmin*m).
+    """
+    _dequantize_q45_K(out, w_row, Q4_K_BYTES, 16, False)
 
 
 @njit(cache=True, error_model="numpy")
@@ -402,26 +229,7 @@ def dequantize_row_q5_K(out, w_row):
     out: float32[nb*256]; w_row: uint8[nb*176] (f16 d, f16 dmin, scales[12], qh[32] high
     bits, qs[128] low nibbles).  y = (d*sc)*q - (dmin*m).
     """
-    nb = w_row.size // Q5_K_BYTES
-    for i in range(nb):
-        o = i * Q5_K_BYTES
-        d = _f16(w_row, o)
-        dmin = _f16(w_row, o + 2)
-        for j in range(4):
-            sc1, m1 = _k4_scale_min(w_row, o + 4, 2 * j)
-            sc2, m2 = _k4_scale_min(w_row, o + 4, 2 * j + 1)
-            d1 = d * np.float32(sc1)
-            mm1 = dmin * np.float32(m1)
-            d2 = d * np.float32(sc2)
-            mm2 = dmin * np.float32(m2)
-            base = i * QK_K + 64 * j
-            for t in range(32):
-                b = np.int32(w_row[o + 48 + 32 * j + t])
-                h = np.int32(w_row[o + 16 + t])
-                q1 = (b & np.int32(15)) | (((h >> np.int32(2 * j)) & np.int32(1)) << np.int32(4))
-                q2 = (b >> np.int32(4)) | (((h >> np.int32(2 * j + 1)) & np.int32(1)) << np.int32(4))
-                out[base + t] = d1 * np.float32(q1) - mm1
-                out[base + 32 + t] = d2 * np.float32(q2) - mm2
+    _dequantize_q45_K(out, w_row, Q5_K_BYTES, 48, True)
 
 
 @njit(cache=True, error_model="numpy")
@@ -434,7 +242,7 @@ def dequantize_row_q6_K(out, w_row):
     nb = w_row.size // Q6_K_BYTES
     for i in range(nb):
         o = i * Q6_K_BYTES
-        d = _f16(w_row, o + 208)
+        d = f16_le(w_row, o + 208)
         for j in range(2):
             for t in range(32):
                 a = np.int32(w_row[o + 64 * j + t])
@@ -463,7 +271,7 @@ def dequantize_row_iq4_xs(out, w_row):
     kv = KVALUES_IQ4NL
     for i in range(nb):
         o = i * IQ4_XS_BYTES
-        d = _f16(w_row, o)
+        d = f16_le(w_row, o)
         sh = np.int32(w_row[o + 2]) | (np.int32(w_row[o + 3]) << np.int32(8))
         for ib in range(8):
             ls = ((np.int32(w_row[o + 4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15)) \
@@ -481,8 +289,8 @@ def dequantize_row_iq4_xs(out, w_row):
 # ---------------------------------------------------------------------------------------
 # Per super-block: the weights are unpacked into qb[256] (uint8, value order: a flat,
 # vectorized byte loop), then each 32-value chunk adds scale * (4-value dot products) into
-# the eight int32 lanes p[8] (_dot32: one vpdpbusd with AVX512-VNNI), then
-# acc = fma(d, float(p), acc) lane-wise (_lanes_fma).  Signed weights are stored with an
+# the eight int32 lanes p[8] (common.dot32_scaled_add: one vpdpbusd with AVX512-VNNI), then
+# acc = fma(d, float(p), acc) lane-wise (common.lanes_fma8).  Signed weights are stored with an
 # offset and the offset's dot product is subtracted, as ggml does; every step is exact int32.
 # Each block is taken as a slice (w, y): indices into it are then small non-negative loop
 # values, which lets LLVM drop Numba's negative-index checks and vectorize the byte loops.
@@ -504,7 +312,7 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     p = carray(stack_i32(8), 8)
     pm = carray(stack_i32(8), 8)
     sc = carray(stack_i32(32), 32)
-    qb = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
     acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
@@ -513,15 +321,15 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
         y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
         yd = _f32(y, 0)
-        d = yd * _f16(w, 80)
-        dmin = -yd * _f16(w, 82)
+        d = yd * f16_le(w, 80)
+        dmin = -yd * f16_le(w, 82)
         for j in range(16):
             b = np.int32(w[j])
             sc[j] = b & np.int32(15)
             sc[16 + j] = b >> np.int32(4)
         for k in range(8):
             pm[k] = sc[16 + 2 * k] * np.int32(y16[130 + 2 * k]) + sc[17 + 2 * k] * np.int32(y16[131 + 2 * k])
-        _lanes_fma(acc, dmin, pm)
+        lanes_fma8(acc, dmin, pm)
         for j in range(2):
             for t in range(32):
                 b = w[16 + 32 * j + t]
@@ -532,9 +340,9 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
         for k in range(8):
             p[k] = 0
         for c in range(8):
-            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc)
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc)
 
 
 @njit(cache=True, error_model="numpy")
@@ -548,15 +356,15 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
     nb = w_row.size // Q3_K_BYTES
     p = carray(stack_i32(8), 8)
     sc = carray(stack_i32(16), 16)
-    qb = carray(_stack_u8(256), 256)
-    qh = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
+    qh = carray(stack_u8(256), 256)
     acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
         w = w_row[i * Q3_K_BYTES:(i + 1) * Q3_K_BYTES]
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        d = _f32(y, 0) * _f16(w, 108)
+        d = _f32(y, 0) * f16_le(w, 108)
         for j in range(16):
             sc[j] = _q3_scale(w, 96, j)
         for j in range(2):
@@ -575,10 +383,10 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
         for k in range(8):
             p[k] = 0
         for c in range(8):
-            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-            _dot32(p, qh, 32 * c, y, 4 + 32 * c, -sc[2 * c], -sc[2 * c + 1])
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc)
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+            dot32_scaled_add(p, qh, 32 * c, y, 4 + 32 * c, -sc[2 * c], -sc[2 * c + 1])
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc)
 
 
 @njit(cache=True, error_model="numpy")
@@ -608,7 +416,7 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
     a16 = a_row.view(np.int16)
     p = carray(stack_i32(8), 8)
     sc = carray(stack_i32(16), 16)
-    qb = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
     acc = carray(stack_f32(12), 12)
     for k in range(12):
         acc[k] = np.float32(0.0)
@@ -617,8 +425,8 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
         y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
         yd = _f32(y, 0)
-        d = yd * _f16(w, 0)
-        dmin = -yd * _f16(w, 2)
+        d = yd * f16_le(w, 0)
+        dmin = -yd * f16_le(w, 2)
         _k4_unpack(sc, w, 4)
         for m in range(4):
             qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
@@ -632,9 +440,9 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
         for k in range(8):
             p[k] = 0
         for c in range(8):
-            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
 
 
 @njit(cache=True, error_model="numpy")
@@ -649,7 +457,7 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
     a16 = a_row.view(np.int16)
     p = carray(stack_i32(8), 8)
     sc = carray(stack_i32(16), 16)
-    qb = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
     acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
@@ -659,8 +467,8 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
         y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
         yd = _f32(y, 0)
-        d = yd * _f16(w, 0)
-        dmin = -yd * _f16(w, 2)
+        d = yd * f16_le(w, 0)
+        dmin = -yd * f16_le(w, 2)
         _k4_unpack(sc, w, 4)
         msum = np.int32(0)
         for c in range(8):
@@ -675,9 +483,9 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
         for k in range(8):
             p[k] = 0
         for c in range(8):
-            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc) + summs
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc) + summs
 
 
 @njit(cache=True, error_model="numpy")
@@ -694,7 +502,7 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     a16 = a_row.view(np.int16)
     p = carray(stack_i32(8), 8)
     sc = carray(stack_i32(16), 16)
-    qb = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
     acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
@@ -702,7 +510,7 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
         w = w_row[i * Q6_K_BYTES:(i + 1) * Q6_K_BYTES]
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
         y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
-        d = _f32(y, 0) * _f16(w, 208)
+        d = _f32(y, 0) * f16_le(w, 208)
         for j in range(16):
             sc[j] = np.int32(np.int8(w[192 + j]))
         for j in range(2):
@@ -719,9 +527,9 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
             p[k] = -((sc[2 * k] * np.int32(y16[130 + 2 * k])
                       + sc[2 * k + 1] * np.int32(y16[131 + 2 * k])) << np.int32(5))
         for c in range(8):
-            _dot32(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc)
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc)
 
 
 # the IQ4 weights are looked up as kvalues_iq4nl + 128 (unsigned bytes for the 4-value dots)
@@ -739,23 +547,23 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
     nb = w_row.size // IQ4_XS_BYTES
     c128 = _U8_128
     p = carray(stack_i32(8), 8)
-    qb = carray(_stack_u8(256), 256)
+    qb = carray(stack_u8(256), 256)
     acc = carray(stack_f32(8), 8)
     for k in range(8):
         acc[k] = np.float32(0.0)
     for i in range(nb):
         w = w_row[i * IQ4_XS_BYTES:(i + 1) * IQ4_XS_BYTES]
         y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        d = _f16(w, 0) * _f32(y, 0)
+        d = f16_le(w, 0) * _f32(y, 0)
         sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
         for ib in range(8):
-            _iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
+            iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
         for k in range(8):
             p[k] = 0
         for ib in range(8):
             ls = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
                   | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
-            _dot32(p, qb, 32 * ib, y, 4 + 32 * ib, ls, ls)
-            _dot32(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)
-        _lanes_fma(acc, d, p)
-    return _hsum8(acc)
+            dot32_scaled_add(p, qb, 32 * ib, y, 4 + 32 * ib, ls, ls)
+            dot32_scaled_add(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc)

@@ -24,35 +24,34 @@ exact; the float accumulation reproduces ggml's x86 AVX2/AVX-512 code lane by la
     _mm512_reduce_add_ps into a double sum; leftovers in double.
 With these orders every output of ggml's own vec_dot in tests/data/kernels (8 activation rows x 768
 weight rows per format) is reproduced bit for bit.
+
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
+row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT) and the
+table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format built in common.py from
+the format's IR decoder (_decode_T). The generated code is the code these functions had when they
+were written out by hand (their machine code is unchanged).
 """
 
-import numba
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import carray, njit
-from numba.core import cgutils
 
-from .common import (acc8_add, acc8_hsum, acc8_zero, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32,
-                     ir_int8x32, ir_nibbles32, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32,
-                     u32_as_f32)
-
-# IQ4_NL / IQ4_XS non-linear codebook (ggml-common.h kvalues_iq4nl).
-
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
+                     copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32,
+                     ir_lookup_nibbles32, ir_nibbles32, make_block_dequant, make_block_lanes_fma, ptr_offset,
+                     reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
-# Dequantize (ggml-quants.c dequantize_row_*; gguf.quants.dequantize)
+# Dequantize (ggml-quants.c dequantize_row_*; gguf.quants.dequantize); the 32-value block formats'
+# are generated below (_DEQUANTIZE).
 # ----------------------------------------------------------------------------------------------
 
 
 @njit(cache=True, error_model="numpy")
 def dequantize_row_f32(out, w_row):
     """F32 bytes -> float32 (copy)."""
-    wf = w_row.view(np.float32)
-    for i in range(out.size):
-        out[i] = wf[i]
+    copy_u32(out.view(np.uint32), w_row.view(np.uint32))
 
 
 @njit(cache=True, error_model="numpy")
@@ -70,106 +69,6 @@ def dequantize_row_bf16(out, w_row):
     ob = out.view(np.uint32)
     for i in range(out.size):
         ob[i] = np.uint32(wh[i]) << np.uint32(16)
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q4_0(out, w_row):
-    """Q4_0 (18 B / 32: f16 d, 16 B nibbles; low nibbles = elements 0..15) -> (q - 8) * d.
-
-    ggml-quants.c dequantize_row_q4_0."""
-    nb = out.size // 32
-    for b in range(nb):
-        o = b * 18
-        d = f16_le(w_row, o)
-        for j in range(16):
-            q = w_row[o + 2 + j]
-            out[b * 32 + j] = np.float32(np.int32(q & 15) - 8) * d
-            out[b * 32 + 16 + j] = np.float32(np.int32(q >> 4) - 8) * d
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q4_1(out, w_row):
-    """Q4_1 (20 B / 32: f16 d, f16 m, 16 B nibbles) -> q * d + m (multiply, then add).
-
-    ggml-quants.c dequantize_row_q4_1."""
-    nb = out.size // 32
-    for b in range(nb):
-        o = b * 20
-        d = f16_le(w_row, o)
-        m = f16_le(w_row, o + 2)
-        for j in range(16):
-            q = w_row[o + 4 + j]
-            out[b * 32 + j] = np.float32(q & 15) * d + m
-            out[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _u32_le(buf, off):
-    return (np.uint32(buf[off]) | (np.uint32(buf[off + 1]) << np.uint32(8))
-            | (np.uint32(buf[off + 2]) << np.uint32(16)) | (np.uint32(buf[off + 3]) << np.uint32(24)))
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q5_0(out, w_row):
-    """Q5_0 (22 B / 32: f16 d, u32 qh, 16 B nibbles; bit j of qh is bit 4 of element j)
-    -> (q - 16) * d. ggml-quants.c dequantize_row_q5_0."""
-    nb = out.size // 32
-    for b in range(nb):
-        o = b * 22
-        d = f16_le(w_row, o)
-        qh = _u32_le(w_row, o + 2)
-        for j in range(16):
-            q = w_row[o + 6 + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[b * 32 + j] = np.float32((np.int32(q & 15) | h0) - 16) * d
-            out[b * 32 + 16 + j] = np.float32((np.int32(q >> 4) | h1) - 16) * d
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q5_1(out, w_row):
-    """Q5_1 (24 B / 32: f16 d, f16 m, u32 qh, 16 B nibbles) -> q * d + m.
-
-    ggml-quants.c dequantize_row_q5_1."""
-    nb = out.size // 32
-    for b in range(nb):
-        o = b * 24
-        d = f16_le(w_row, o)
-        m = f16_le(w_row, o + 2)
-        qh = _u32_le(w_row, o + 4)
-        for j in range(16):
-            q = w_row[o + 8 + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[b * 32 + j] = np.float32(np.int32(q & 15) | h0) * d + m
-            out[b * 32 + 16 + j] = np.float32(np.int32(q >> 4) | h1) * d + m
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_q8_0(out, w_row):
-    """Q8_0 (34 B / 32: f16 d, int8 qs[32]) -> q * d. ggml-quants.c dequantize_row_q8_0."""
-    nb = out.size // 32
-    wi = w_row.view(np.int8)
-    for b in range(nb):
-        o = b * 34
-        d = f16_le(w_row, o)
-        for j in range(32):
-            out[b * 32 + j] = np.float32(wi[o + 2 + j]) * d
-
-
-@njit(cache=True, error_model="numpy")
-def dequantize_row_iq4_nl(out, w_row):
-    """IQ4_NL (18 B / 32: f16 d, 16 B nibble indices into kvalues_iq4nl) -> d * kvalues[q].
-
-    ggml-quants.c dequantize_row_iq4_nl."""
-    nb = out.size // 32
-    for b in range(nb):
-        o = b * 18
-        d = f16_le(w_row, o)
-        for j in range(16):
-            q = w_row[o + 2 + j]
-            out[b * 32 + j] = d * np.float32(KVALUES_IQ4NL[q & 15])
-            out[b * 32 + 16 + j] = d * np.float32(KVALUES_IQ4NL[q >> 4])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,127 +103,121 @@ def _decode_q8_0(b, p):
     return ir_int8x32(b, _gep(b, p, 2))
 
 
-# pshufb needs SSSE3; Numba's cache is keyed on the host CPU, so the choice is safe to bake in.
-# When Numba is told to target another CPU, use the portable compare/select lookup instead.
-_HOST = {} if (numba.config.CPU_NAME or numba.config.CPU_FEATURES) else llvm_binding.get_host_cpu_features()
-_PSHUFB = bool(_HOST.get("ssse3"))
-
-
-def _lookup16(b, idx):
-    """kvalues_iq4nl[idx] for a <16 x i8> vector of indices 0..15."""
-    i8x16 = ir.VectorType(ir.IntType(8), 16)
-    if _PSHUFB:  # what ggml's AVX2 code does
-        table = ir.Constant(i8x16, [int(k) & 0xFF for k in KVALUES_IQ4NL])
-        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(i8x16, [i8x16, i8x16]),
-                                            "llvm.x86.ssse3.pshuf.b.128")
-        return b.call(fn, [table, idx])
-    res = ir.Constant(i8x16, [int(KVALUES_IQ4NL[0]) & 0xFF] * 16)
-    for v in range(1, 16):
-        hit = b.icmp_unsigned("==", idx, ir.Constant(i8x16, [v] * 16))
-        res = b.select(hit, ir.Constant(i8x16, [int(KVALUES_IQ4NL[v]) & 0xFF] * 16), res)
-    return res
-
-
 def _decode_iq4_nl(b, p):
-    i8x16 = ir.VectorType(ir.IntType(8), 16)
-    v = b.load(b.bitcast(_gep(b, p, 2), i8x16.as_pointer()), align=1)
-    lo = _lookup16(b, b.and_(v, ir.Constant(i8x16, [15] * 16)))
-    hi = _lookup16(b, b.lshr(v, ir.Constant(i8x16, [4] * 16)))
-    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+    return ir_lookup_nibbles32(b, _gep(b, p, 2), IQ4NL_TABLE_S8)
 
 
-_blk_q4_0 = make_block_lanes_fma(_decode_q4_0, signed=True)
-_blk_q4_1 = make_block_lanes_fma(_decode_q4_1, signed=False)
-_blk_q5_0 = make_block_lanes_fma(_decode_q5_0, signed=True)
-_blk_q5_1 = make_block_lanes_fma(_decode_q5_1, signed=False)
-_blk_q8_0 = make_block_lanes_fma(_decode_q8_0, signed=True)
-_blk_iq4_nl = make_block_lanes_fma(_decode_iq4_nl, signed=True)
+# The 32-value block formats, one line each: (stem, its activation format's stem, block bytes,
+# activation block bytes, offset of the 32 int8 activations in their block, signed weights,
+# a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
+_BLOCK_FORMATS = (
+    ("q4_0", "q8_0", 18, 34, 2, True, False, "(q - 8), q the 4-bit values"),
+    ("q4_1", "q8_1", 20, 36, 4, False, True, "4-bit unsigned q, y = q*d + m"),
+    ("q5_0", "q8_0", 22, 34, 2, True, False, "(q | hbit << 4) - 16"),
+    ("q5_1", "q8_1", 24, 36, 4, False, True, "5-bit unsigned q | hbit << 4, y = q*d + m"),
+    ("q8_0", "q8_0", 34, 34, 2, True, False, "int8 q"),
+    ("iq4_nl", "q8_0", 18, 34, 2, True, False, "kvalues_iq4nl[q], q the 4-bit indices"),
+)
+
+# Per-block intrinsics (common.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
+# dequantization of one block.
+for _stem, _, _, _, _, _signed, _with_min, _ in _BLOCK_FORMATS:
+    globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
+    globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
 
+# ----------------------------------------------------------------------------------------------
+# Row functions of the block formats, generated from one template each (the formats differ only
+# in the numbers and intrinsics of _BLOCK_FORMATS) and compiled under this file's name, so that
+# Numba's cache finds them again in a new process (as matmul.py's drivers). A template line
+# ending in "#M" is kept only for formats with a min, "#-" only for those without. IQ4_NL's dots
+# (two accumulators) are written out below.
+#
+# rows_dot_T: several activation rows against one weight row (the matmul drivers' inner call for
+# N > 1): y[n, m] for all n, each with exactly the operations and order of vec_dot_T(w_row, a[n])
+# -- per output the same 8-lane accumulator over blocks in order -- but the loop is blocks outer,
+# activation rows inner, so each weight block is loaded and decoded once for up to ROWS_GROUP rows
+# (LLVM hoists the decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
+# ----------------------------------------------------------------------------------------------
+
+_DEQUANTIZE = '''
 @njit(cache=True, error_model="numpy")
-def vec_dot_q4_0_q8_0(w_row, a_row, scratch):
-    """Q4_0 weight row . Q8_0 activation row -> float32.
+def dequantize_row_{w}(out, w_row):
+    """{W} ({WB} B / 32 values: f16 d{Mdoc}, then the weights: {what}) -> float32.
 
-    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q4_0_q8_0 (AVX2 path): per block
-    d = F16(dw)*F16(da); 8 lanes of 4-element integer sums; acc = fma(d, lanes, acc);
-    result hsum_float_8(acc).
+    ggml-quants.c dequantize_row_{w} (= gguf.quants.dequantize): q*d (+ m), per block."""
+    for b in range(out.size // 32):
+        _deqblk_{w}(out, b * 32, f16_le(w_row, b * {WB}), f16_le(w_row, b * {WB} + 2), w_row, b * {WB})  #M
+        _deqblk_{w}(out, b * 32, f16_le(w_row, b * {WB}), np.float32(0.0), w_row, b * {WB})  #-
+'''
+
+_VEC_DOT = '''
+@njit(cache=True, error_model="numpy")
+def vec_dot_{w}_{a}(w_row, a_row, scratch):
+    """{W} weight row . {A} activation row -> float32; weights {what}.
+
+    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_{w}_{a} (AVX2 path): per block
+    d = F16(dw)*F16(da); 8 lanes of 4-element integer sums; acc = fma(d, lanes, acc); result
+    hsum_float_8(acc) (+ summs = fma(F16(m), F16(s), summs) in block order, with a min).
     """
-    nb = w_row.size // 18
+    nb = w_row.size // {WB}
     accp = stack_f32(8)
     acc8_zero(accp)
+    summs = np.float32(0.0)  #M
     for b in range(nb):
-        d = f16_le(w_row, b * 18) * f16_le(a_row, b * 34)
-        _blk_q4_0(accp, d, w_row, b * 18, a_row, b * 34 + 2)
-    return acc8_hsum(accp)
+        d = f16_le(w_row, b * {WB}) * f16_le(a_row, b * {AB})
+        summs = _summs(f16_le(w_row, b * {WB} + 2), f16_le(a_row, b * {AB} + 2), summs)  #M
+        _blk_{w}(accp, d, w_row, b * {WB}, a_row, b * {AB} + {AO})
+    return acc8_hsum(accp) + summs  #M
+    return acc8_hsum(accp)  #-
+'''
 
-
+_ROWS_DOT = '''
 @njit(cache=True, error_model="numpy")
-def vec_dot_q8_0_q8_0(w_row, a_row, scratch):
-    """Q8_0 weight row . Q8_0 activation row -> float32.
+def rows_dot_{w}_{a}(y, m, w_row, a):
+    """y[n, m] = vec_dot_{w}_{a}(w_row, a[n]) for every row n of a (bit for bit)."""
+    nb = w_row.size // {WB}
+    accs = stack_f32(512)
+    summs = carray(stack_f32(64), 64)  #M
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+            summs[n] = np.float32(0.0)  #M
+        for b in range(nb):
+            dw = f16_le(w_row, b * {WB})
+            mw = f16_le(w_row, b * {WB} + 2)  #M
+            for n in range(ng):
+                summs[n] = _summs(mw, f16_le(a[g + n], b * {AB} + 2), summs[n])  #M
+                _blk_{w}(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * {AB}), w_row, b * {WB}, a[g + n], b * {AB} + {AO})
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]  #M
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
+'''
 
-    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q8_0_q8_0 (AVX2 path), same lane scheme
-    as Q4_0.
-    """
-    nb = w_row.size // 34
-    accp = stack_f32(8)
-    acc8_zero(accp)
-    for b in range(nb):
-        d = f16_le(w_row, b * 34) * f16_le(a_row, b * 34)
-        _blk_q8_0(accp, d, w_row, b * 34, a_row, b * 34 + 2)
-    return acc8_hsum(accp)
-
-
-@njit(cache=True, error_model="numpy")
-def vec_dot_q5_0_q8_0(w_row, a_row, scratch):
-    """Q5_0 weight row . Q8_0 activation row -> float32.
-
-    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q5_0_q8_0 (AVX2 path): weights
-    (q | hbit << 4) - 16, lane scheme as Q4_0.
-    """
-    nb = w_row.size // 22
-    accp = stack_f32(8)
-    acc8_zero(accp)
-    for b in range(nb):
-        d = f16_le(w_row, b * 22) * f16_le(a_row, b * 34)
-        _blk_q5_0(accp, d, w_row, b * 22, a_row, b * 34 + 2)
-    return acc8_hsum(accp)
+ROWS_GROUP = 64  # activation rows per pass of rows_dot (stack: 64 x 8 float32 per accumulator set)
 
 
-@njit(cache=True, error_model="numpy")
-def vec_dot_q4_1_q8_1(w_row, a_row, scratch):
-    """Q4_1 weight row . Q8_1 activation row -> float32.
-
-    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q4_1_q8_1 (AVX2 path): lanes of
-    unsigned nibble x q8 sums, acc = fma(F16(dw)*F16(da), lanes, acc); summs = fma(F16(m),
-    F16(s), summs) in block order; result hsum_float_8(acc) + summs.
-    """
-    nb = w_row.size // 20
-    accp = stack_f32(8)
-    acc8_zero(accp)
-    summs = np.float32(0.0)
-    for b in range(nb):
-        d = f16_le(w_row, b * 20) * f16_le(a_row, b * 36)
-        summs = _summs(f16_le(w_row, b * 20 + 2), f16_le(a_row, b * 36 + 2), summs)
-        _blk_q4_1(accp, d, w_row, b * 20, a_row, b * 36 + 4)
-    return acc8_hsum(accp) + summs
+def _define(template, fmt):
+    """Generate and compile one row function of a _BLOCK_FORMATS entry into this module."""
+    w, a, wb, ab, ao, _, with_min, what = fmt
+    lines = []
+    for line in template.splitlines():
+        if line.endswith(("  #M", "  #-")):
+            if line.endswith("#M") != with_min:
+                continue
+            line = line[:-4]
+        lines.append(line)
+    src = "\n".join(lines).format(w=w, a=a, W=w.upper(), A=a.upper(), WB=wb, AB=ab, AO=ao, what=what,
+                                  Mdoc=", f16 m" if with_min else "")
+    exec(compile(src, __file__, "exec"), globals())
 
 
-@njit(cache=True, error_model="numpy")
-def vec_dot_q5_1_q8_1(w_row, a_row, scratch):
-    """Q5_1 weight row . Q8_1 activation row -> float32.
-
-    Reproduces ggml-cpu/arch/x86/quants.c ggml_vec_dot_q5_1_q8_1 (AVX2 path): as Q4_1 with
-    5-bit unsigned weights; acc = fma(lanes, F16(dw)*F16(da), acc).
-    """
-    nb = w_row.size // 24
-    accp = stack_f32(8)
-    acc8_zero(accp)
-    summs = np.float32(0.0)
-    for b in range(nb):
-        d = f16_le(w_row, b * 24) * f16_le(a_row, b * 36)
-        summs = _summs(f16_le(w_row, b * 24 + 2), f16_le(a_row, b * 36 + 2), summs)
-        _blk_q5_1(accp, d, w_row, b * 24, a_row, b * 36 + 4)
-    return acc8_hsum(accp) + summs
+for _fmt in _BLOCK_FORMATS:
+    _define(_DEQUANTIZE, _fmt)
+    if _fmt[0] != "iq4_nl":
+        _define(_VEC_DOT, _fmt)
+        _define(_ROWS_DOT, _fmt)
 
 
 @njit(cache=True, error_model="numpy")
@@ -349,119 +242,8 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     acc8_add(p1, p2)
     sumf = acc8_hsum(p1)
     if nb % 2 == 1:
-        b = nb - 1
-        ai = a_row.view(np.int8)
-        isum = np.int32(0)
-        for j in range(16):
-            q = w_row[b * 18 + 2 + j]
-            isum += np.int32(KVALUES_IQ4NL[q & 15]) * np.int32(ai[b * 34 + 2 + j])
-            isum += np.int32(KVALUES_IQ4NL[q >> 4]) * np.int32(ai[b * 34 + 18 + j])
-        sumf = fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
+        sumf = _iq4_nl_tail(w_row, a_row, nb - 1, sumf)
     return sumf
-
-
-# ----------------------------------------------------------------------------------------------
-# Several activation rows against one weight row (the matmul drivers' inner call): y[n, m] for all
-# n, each with exactly the operations and order of vec_dot_T(w_row, a[n]) -- per output the same
-# 8-lane accumulator over blocks in order -- but the loop is blocks outer, activation rows inner,
-# so each weight block is loaded and decoded once for up to ROWS_GROUP rows (LLVM hoists the
-# decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
-# ----------------------------------------------------------------------------------------------
-
-ROWS_GROUP = 64  # activation rows per pass (stack: 64 x 8 float32 per accumulator set)
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_q4_0_q8_0(y, m, w_row, a):
-    """y[n, m] = vec_dot_q4_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
-    nb = w_row.size // 18
-    accs = stack_f32(512)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for b in range(nb):
-            dw = f16_le(w_row, b * 18)
-            for n in range(ng):
-                _blk_q4_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 18, a[g + n], b * 34 + 2)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_q8_0_q8_0(y, m, w_row, a):
-    """y[n, m] = vec_dot_q8_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
-    nb = w_row.size // 34
-    accs = stack_f32(512)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for b in range(nb):
-            dw = f16_le(w_row, b * 34)
-            for n in range(ng):
-                _blk_q8_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 34, a[g + n], b * 34 + 2)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_q5_0_q8_0(y, m, w_row, a):
-    """y[n, m] = vec_dot_q5_0_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
-    nb = w_row.size // 22
-    accs = stack_f32(512)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for b in range(nb):
-            dw = f16_le(w_row, b * 22)
-            for n in range(ng):
-                _blk_q5_0(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 34), w_row, b * 22, a[g + n], b * 34 + 2)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_q4_1_q8_1(y, m, w_row, a):
-    """y[n, m] = vec_dot_q4_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
-    nb = w_row.size // 20
-    accs = stack_f32(512)
-    summs = carray(stack_f32(64), 64)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-            summs[n] = np.float32(0.0)
-        for b in range(nb):
-            dw = f16_le(w_row, b * 20)
-            mw = f16_le(w_row, b * 20 + 2)
-            for n in range(ng):
-                summs[n] = _summs(mw, f16_le(a[g + n], b * 36 + 2), summs[n])
-                _blk_q4_1(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 36), w_row, b * 20, a[g + n], b * 36 + 4)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_q5_1_q8_1(y, m, w_row, a):
-    """y[n, m] = vec_dot_q5_1_q8_1(w_row, a[n]) for every row n of a (bit for bit)."""
-    nb = w_row.size // 24
-    accs = stack_f32(512)
-    summs = carray(stack_f32(64), 64)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-            summs[n] = np.float32(0.0)
-        for b in range(nb):
-            dw = f16_le(w_row, b * 24)
-            mw = f16_le(w_row, b * 24 + 2)
-            for n in range(ng):
-                summs[n] = _summs(mw, f16_le(a[g + n], b * 36 + 2), summs[n])
-                _blk_q5_1(ptr_offset(accs, 8 * n), dw * f16_le(a[g + n], b * 36), w_row, b * 24, a[g + n], b * 36 + 4)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
 
 
 @njit(cache=True, error_model="numpy")
@@ -510,16 +292,11 @@ def _summs(m, s, acc):
     return fma32(m, s, acc)
 
 
-@njit(cache=True, error_model="numpy")
-def vec_dot_f32(w_row, a_row, scratch):
-    """F32 weight row . F32 activation row -> float32.
-
-    Reproduces ggml-cpu/vec.cpp ggml_vec_dot_f32 with AVX-512 (GGML_F32_STEP 64, EPR 16,
-    ARR 4): acc[64] = fma(w, x, acc) per 64-element step; reduce (acc0+acc2)+(acc1+acc3)
-    lane-wise then _mm512_reduce_add_ps; leftovers sumf = fma(w, x, sumf) in order.
-    """
-    w = w_row.view(np.float32)
-    x = a_row.view(np.float32)
+@njit(cache=True, error_model="numpy", inline="always")
+def _fma64_reduced(w, x):
+    """ggml_vec_dot_f32 / _f16's AVX-512 loop (GGML_F32_STEP 64, EPR 16, ARR 4) over w, x (float32,
+    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, reduced (acc0+acc2)+(acc1+acc3)
+    lane-wise then _mm512_reduce_add_ps. Returns (that float32 sum, npart = elements done)."""
     n = w.size
     acc = carray(stack_f32(64), 64)
     for t in range(64):
@@ -527,11 +304,23 @@ def vec_dot_f32(w_row, a_row, scratch):
     npart = n - n % 64
     for i in range(0, npart, 64):
         for t in range(64):
-            acc[t] = fma32(w[i + t], x[i + t], acc[t])
+            acc[t] = fma32(as_f32(w[i + t]), as_f32(x[i + t]), acc[t])
     for t in range(16):
         acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
-    sumf = reduce_add_16(acc)
-    for i in range(npart, n):
+    return reduce_add_16(acc), npart
+
+
+@njit(cache=True, error_model="numpy")
+def vec_dot_f32(w_row, a_row, scratch):
+    """F32 weight row . F32 activation row -> float32.
+
+    Reproduces ggml-cpu/vec.cpp ggml_vec_dot_f32 with AVX-512: _fma64_reduced, then the
+    leftovers (K % 64) as sumf = fma(w, x, sumf) in order.
+    """
+    w = w_row.view(np.float32)
+    x = a_row.view(np.float32)
+    sumf, npart = _fma64_reduced(w, x)
+    for i in range(npart, w.size):
         sumf = fma32(w[i], x[i], sumf)
     return sumf
 
@@ -540,24 +329,14 @@ def vec_dot_f32(w_row, a_row, scratch):
 def vec_dot_f16(w_row, a_row, scratch):
     """F16 weight row . F16 activation row -> float32.
 
-    Reproduces ggml-cpu/vec.cpp ggml_vec_dot_f16 with AVX-512 (F32Cx16: F16 converted to F32,
-    4 x 16 lanes fma per 64-element step, same reduction as F32 into a double sum; leftovers
-    added in double); result rounded to float32.
+    Reproduces ggml-cpu/vec.cpp ggml_vec_dot_f16 with AVX-512 (F32Cx16: F16 converted to F32):
+    _fma64_reduced into a double sum, leftovers added in double; result rounded to float32.
     """
     wh = w_row.view(np.uint16)
     xh = a_row.view(np.uint16)
-    n = wh.size
-    acc = carray(stack_f32(64), 64)
-    for t in range(64):
-        acc[t] = np.float32(0.0)
-    npart = n - n % 64
-    for i in range(0, npart, 64):
-        for t in range(64):
-            acc[t] = fma32(f16_to_f32(wh[i + t]), f16_to_f32(xh[i + t]), acc[t])
-    for t in range(16):
-        acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
-    sumd = np.float64(reduce_add_16(acc))
-    for i in range(npart, n):
+    s, npart = _fma64_reduced(wh, xh)
+    sumd = np.float64(s)
+    for i in range(npart, wh.size):
         sumd += np.float64(f16_to_f32(wh[i]) * f16_to_f32(xh[i]))
     return np.float32(sumd)
 
@@ -573,18 +352,17 @@ def vec_dot_bf16(w_row, a_row, scratch):
     """
     wh = w_row.view(np.uint16)
     xh = a_row.view(np.uint16)
-    n = wh.size
     acc = carray(stack_f32(32), 32)
     for t in range(32):
         acc[t] = np.float32(0.0)
-    npart = n - n % 64
+    npart = wh.size - wh.size % 64
     for i in range(0, npart, 64):
         for t in range(32):
             acc[t] = acc[t] + _bf16(wh[i + 2 * t + 1]) * _bf16(xh[i + 2 * t + 1])
             acc[t] = acc[t] + _bf16(wh[i + 2 * t]) * _bf16(xh[i + 2 * t])
     sumd = np.float64(reduce_add_16(acc[:16]))
     sumd += np.float64(reduce_add_16(acc[16:]))
-    for i in range(npart, n):
+    for i in range(npart, wh.size):
         sumd += np.float64(_bf16(wh[i]) * _bf16(xh[i]))
     return np.float32(sumd)
 

@@ -8,7 +8,7 @@ validates sizes. Q8_K lives in kquants.py.
 import numpy as np
 from numba import njit
 
-from .common import f32_bits, f32_to_bf16_bits, f32_to_f16_bits
+from .common import copy_u32, f32_bits, f32_to_bf16_bits, f32_to_f16_bits
 
 QK8_0 = 32
 Q8_0_BYTES = 34  # f16 d, int8 qs[32]
@@ -110,6 +110,4 @@ def quantize_row_bf16(out, x):
 @njit(cache=True, error_model="numpy")
 def quantize_row_f32(out, x):
     """Copy x (float32 [K]) into out (uint8 [4K]) unchanged: F32 weights take float activations."""
-    of = out.view(np.float32)
-    for i in range(x.size):
-        of[i] = x[i]
+    copy_u32(out.view(np.uint32), x.view(np.uint32))

@@ -1,0 +1,93 @@
+"""Numba cache locators that make every cached kernel of this package depend on all its sources.
+
+Numba stamps a function's on-disk cache with a hash of the function's own source file only
+(numba.core.caching._SourceFileBackedLocatorMixin.get_source_stamp). Our kernels inline functions
+from other files (a matmul driver inlines legacy.py's row functions, which inline common.py's
+helpers), so after an edit to common.py the cached legacy.py and matmul.py code would keep
+running the old helper. The locators here replace that stamp with one sha256 over the contents of
+every synapse_nb/kernels/*.py file: an edit to any of them invalidates every cached kernel of the
+package (recompiling all of it once, ~1 minute, is the price of never running stale code).
+
+They are Numba's own three file-backed locators (NUMBA_CACHE_DIR, the __pycache__ next to the
+source, the user-wide cache directory), with only the stamp changed, and they decline functions
+defined outside synapse_nb/kernels, which Numba's own locators then handle as usual.
+
+``install()`` puts them at the front of numba.core.caching.CacheImpl._locator_classes. It must
+run before the first ``@njit(cache=True)`` of the package is decorated, because Numba chooses the
+locator (and reads the source stamp) at decoration time; synapse_nb/kernels/__init__.py calls it
+before it imports any kernel module. This is the package's one import-time side effect, and it
+is confined to functions in this directory.
+"""
+
+import functools
+import hashlib
+import os
+
+from numba.core import caching
+
+KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_sources(key):
+    """sha256 over the (name, contents) of the files in ``key`` = ((path, mtime_ns, size), ...)."""
+    h = hashlib.sha256()
+    for path, _, _ in key:
+        h.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def package_source_stamp():
+    """sha256 (hex) of all synapse_nb/kernels/*.py, memoized on their (path, mtime, size)."""
+    key = []
+    for name in sorted(os.listdir(KERNELS_DIR)):
+        if name.endswith(".py"):
+            path = os.path.join(KERNELS_DIR, name)
+            st = os.stat(path)
+            key.append((path, st.st_mtime_ns, st.st_size))
+    return _hash_sources(tuple(key))
+
+
+def _in_package(py_file):
+    try:
+        return os.path.dirname(os.path.abspath(py_file)) == KERNELS_DIR
+    except (TypeError, ValueError):
+        return False
+
+
+class _PackageStampMixin:
+    """Source stamp = the whole package's; only functions defined in synapse_nb/kernels."""
+
+    def get_source_stamp(self):
+        return package_source_stamp()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _in_package(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+class UserProvidedCacheLocator(_PackageStampMixin, caching.UserProvidedCacheLocator):
+    """NUMBA_CACHE_DIR, with the package-wide source stamp."""
+
+
+class InTreeCacheLocator(_PackageStampMixin, caching.InTreeCacheLocator):
+    """synapse_nb/kernels/__pycache__, with the package-wide source stamp."""
+
+
+class UserWideCacheLocator(_PackageStampMixin, caching.UserWideCacheLocator):
+    """The user-wide Numba cache directory, with the package-wide source stamp."""
+
+
+LOCATORS = (UserProvidedCacheLocator, InTreeCacheLocator, UserWideCacheLocator)
+
+
+def install():
+    """Put LOCATORS first in Numba's locator list (idempotent). See the module docstring."""
+    classes = caching.CacheImpl._locator_classes
+    if list(classes[:len(LOCATORS)]) != list(LOCATORS):
+        classes[:] = list(LOCATORS) + [c for c in classes if c not in LOCATORS]

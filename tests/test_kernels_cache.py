@@ -1,0 +1,102 @@
+"""Numba's on-disk cache of the kernels: found again by a new process, and never stale.
+
+Each check runs fresh Python processes (a cache hit or miss is decided when a process first calls
+a kernel) with their own NUMBA_CACHE_DIR, so the repository's cache is neither used nor touched.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One matmul per driver template variant (F32: per-pair loop; Q4_0: rows_dot for N > 1), plus
+# get_rows; prints each used driver's cache statistics.
+_USE_DRIVERS = r"""
+import importlib, json
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+from synapse_nb import formats as F
+from synapse_nb.kernels import get_rows, matmul
+MM = importlib.import_module("synapse_nb.kernels.matmul")
+
+class W:
+    def __init__(self, name, m, k):
+        fmt = F.format_of(name)
+        self.name, self.ggml_type, self.shape = name, fmt.ggml_type, (m, k)
+        self.data = np.arange(m * fmt.row_bytes(k), dtype=np.int64).astype(np.uint8)
+        if name == "Q4_0":
+            self.data.reshape(-1, 18)[:, 1] = 0x20  # finite F16 scales
+stats = {}
+for name in ("F32", "Q4_0"):
+    w = W(name, 20, 64)
+    x = np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64)
+    matmul(w, x[:1].copy()); matmul(w, x); get_rows(w, [0, 3])
+    act, act_drv, mm_drv, deq_drv = MM.KERNELS[name]
+    for d in (act_drv, mm_drv, deq_drv):
+        s = d.stats
+        stats[d.__name__] = [sum(s.cache_hits.values()), sum(s.cache_misses.values())]
+print(json.dumps(stats))
+"""
+
+
+def _run(code, cache_dir, cwd=ROOT):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
+    first = json.loads(_run(_USE_DRIVERS, tmp_path))
+    assert set(first) == {"_act_f32", "_mm_f32", "_deq_f32", "_act_q8_0", "_mm_q4_0", "_deq_q4_0"}
+    assert all(misses > 0 for hits, misses in first.values()), first  # compiled here
+    second = json.loads(_run(_USE_DRIVERS, tmp_path))
+    # nothing recompiled: every signature used came from the cache written by the first process
+    assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
+
+
+# matvec of an F32 weight: _mm_f32 inlines legacy.vec_dot_f32, which inlines common.reduce_add_16.
+_F32_DOT = r"""
+import importlib, json
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+import synapse_nb
+from synapse_nb.kernels import matvec
+MM = importlib.import_module("synapse_nb.kernels.matmul")
+
+class W:
+    name, ggml_type, shape = "w", GT.F32, (2, 64)
+    data = np.ones(128, np.float32).view(np.uint8)
+y = matvec(W(), np.ones(64, np.float32))
+s = MM._mm_f32.stats
+print(json.dumps({"file": synapse_nb.__file__, "y": float(y[0]),
+                  "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values())}))
+"""
+
+
+def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
+    """Edit common.py in a copy of the package: the driver in matmul.py recompiles with the edit."""
+    shutil.copytree(ROOT / "synapse_nb", tmp_path / "synapse_nb",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    cache = tmp_path / "numba_cache"
+
+    def run():
+        return json.loads(_run(_F32_DOT, cache, cwd=tmp_path))
+
+    first = run()
+    assert first["file"] == str(tmp_path / "synapse_nb" / "__init__.py")
+    assert first["y"] == 64.0 and first["misses"] > 0
+    common = tmp_path / "synapse_nb" / "kernels" / "common.py"
+    src = common.read_text()
+    old = "    return (u0 + u2) + (u1 + u3)\n"
+    assert src.count(old) == 1  # the last line of reduce_add_16
+    common.write_text(src.replace(old, "    return (u0 + u2) + (u1 + u3) + np.float32(1.0)\n"))
+    second = run()
+    assert second["y"] == 65.0 and second["misses"] > 0  # the new helper, not the cached driver
+    third = run()
+    assert third["y"] == 65.0 and third["hits"] > 0 and third["misses"] == 0  # and cached again

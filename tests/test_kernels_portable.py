@@ -1,0 +1,58 @@
+"""The portable code path (no AVX512-VNNI, F16C or PSHUFB) of every format, against ggml.
+
+A subprocess with NUMBA_CPU_NAME=generic (which common.py's host probe reads as "no host
+features", so only portable LLVM IR is emitted) and its own NUMBA_CACHE_DIR runs every weight
+format's vec_dot row function and every activation quantizer on ggml's fixtures
+(tests/data/kernels/FMT.npz: ggml's activation bytes and vec_dot outputs) and compares bit for bit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import KERNELS
+from synapse_nb import formats as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHECK = r"""
+import importlib, json, sys
+import numpy as np
+from synapse_nb import formats as F
+from synapse_nb.kernels import common
+
+KERNELS = sys.argv[1]
+assert not (common.HAS_VNNI256 or common.HAS_F16C or common.HAS_PSHUFB), common.HOST_FEATURES
+res = {}
+for fmt in F.weight_formats():
+    z = np.load(f"{KERNELS}/{fmt.name.lower()}.npz")
+    act = F.format_of(fmt.vec_dot_type)
+    quant = getattr(importlib.import_module(f"synapse_nb.kernels.{act.quantize_kernels}"), f"quantize_row_{act.stem}")
+    dot = getattr(importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}"), fmt.vec_dot_name())
+    x, act_ref, y_ref = z["x"], z["act_bytes"], z["y"]
+    w = np.ascontiguousarray(z["weight_bytes"]).view(np.uint8).reshape(y_ref.shape[1], -1)
+    a = np.empty_like(act_ref)
+    for n in range(x.shape[0]):
+        quant(a[n], np.ascontiguousarray(x[n]))
+    scratch = np.empty(2 * x.shape[1] + 128, np.int32)
+    rows = range(0, w.shape[0], 3)
+    y = np.array([[dot(w[m], a[n], scratch) for m in rows] for n in range(a.shape[0])], np.float32)
+    res[fmt.name] = {"act": bool(np.array_equal(a, act_ref)),
+                     "dot": bool(np.array_equal(y.view(np.uint32), y_ref[:, ::3].view(np.uint32))),
+                     "n": int(y.size)}
+print(json.dumps(res))
+"""
+
+
+def test_portable_path_of_every_format_matches_ggml(tmp_path):
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", _CHECK, str(KERNELS)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(res) == sorted(f.name for f in F.weight_formats())
+    bad = {k: v for k, v in res.items() if not (v["act"] and v["dot"] and v["n"] >= 8 * 256)}
+    assert not bad, bad
