@@ -68,7 +68,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-MICRO = DATA / "fuzz" / "micro-llama-f16.gguf"
+MICRO = DATA / "fuzz" / "micro-llama-f16.gguf"  # SentencePiece vocabulary (tiny-llama's)
+MICRO_BPE = DATA / "fuzz" / "micro-bpe-f16.gguf"  # byte-level BPE vocabulary (smollm's first 512 tokens)
+EDITS: list = []  # key-level edits of the case being made: (key, vtype, raw), vtype None = removed
 
 CLASSES = ("ok", "clean", "exception", "signal", "timeout", "memory")
 FLAGGED = ("exception", "signal", "timeout", "memory")
@@ -241,6 +243,7 @@ def build(lay: Layout, buf: bytes, kvs=None, tensors=None, n_kv=None, n_tensors=
 
 
 def replace_kv(lay: Layout, key: bytes, vtype: int, raw: bytes, add=True):
+    EDITS.append((key, vtype, raw))
     kvs = [KV(x.key, x.vtype, x.raw, 0, 0) for x in lay.kvs]
     for x in kvs:
         if x.key == key:
@@ -418,6 +421,7 @@ def m_duplicate(rng, lay, buf):
 def m_remove(rng, lay, buf):
     key = pick_key(rng, lay)
     kvs = [x for x in lay.kvs if x.key != key]
+    EDITS.append((key, None, None))
     return build(lay, buf, kvs), f"remove {key.decode()}"
 
 
@@ -459,6 +463,8 @@ def m_vocab(rng, lay, buf):
     op = rng.choice(["dup", "empty", "badutf8", "shorter", "longer", "one", "none", "scores_short", "scores_type",
                      "types_range", "types_short", "types_type", "merges_garbage", "merges_type", "model", "pre",
                      "special_range", "byte_tokens", "control_text"])
+    if not strs:
+        return m_typeswap(rng, lay, buf)
     kvs = None
     desc = f"vocab {op}"
     if op in ("dup", "empty", "badutf8", "shorter", "longer", "one", "none", "byte_tokens", "control_text"):
@@ -579,8 +585,13 @@ class CaseMaker:
         if base is not None:
             path, kind = Path(base), "model"
         buf, lay = self.base(path)
+        EDITS.clear()
         fn = rng.choices([f for f, _ in MUTATIONS], weights=[w for _, w in MUTATIONS])[0]
-        data, desc = fn(rng, lay, buf)
+        try:
+            data, desc = fn(rng, lay, buf)
+        except Exception as e:  # a mutation that does not apply to this base: a byte mutation instead
+            data, desc = m_byte(random.Random(f"{self.seed}/{k}/fallback"), lay, buf)
+            desc += f" (fallback: {fn.__name__} failed: {type(e).__name__})"
         return data, kind, f"{path.name}: {desc}"
 
 
@@ -624,6 +635,66 @@ def make_micro(dst: Path) -> None:
     out = Layout(lay.version, kvs, tensors, 32, 0, 0)
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(build(out, bytes(data)))
+
+
+def make_micro_bpe(dst: Path) -> None:
+    """tests/data/fuzz/micro-bpe-f16.gguf: micro-llama-f16 with a byte-level BPE vocabulary (tokenizer.ggml.model
+    gpt2, pre smollm): ggml-vocab-smollm's first 512 tokens and the merges among them."""
+    mbuf = MICRO.read_bytes()
+    mlay = parse_layout(mbuf)
+    vbuf = (DATA / "vocab" / "ggml-vocab-smollm.gguf").read_bytes()
+    vlay = parse_layout(vbuf)
+
+    def strings(x):
+        _, n = struct.unpack_from("<IQ", x.raw)
+        pos, out = 12, []
+        for _ in range(n):
+            (ln,) = struct.unpack_from("<Q", x.raw, pos)
+            out.append(x.raw[pos + 8:pos + 8 + ln])
+            pos += 8 + ln
+        return out
+
+    toks = strings(vlay.kv("tokenizer.ggml.tokens"))[:512]
+    have = set(toks)
+    merges = []
+    for m in strings(vlay.kv("tokenizer.ggml.merges")):
+        a, _, b = m.partition(b" ")
+        if a in have and b in have and a + b in have:
+            merges.append(m)
+    ttype = struct.unpack_from("<512i", vlay.kv("tokenizer.ggml.token_type").raw, 12)
+    kvs = [x for x in mlay.kvs if not x.key.startswith(b"tokenizer.")]
+    kvs += [KV(b"tokenizer.ggml.model", STRING, enc_str("gpt2"), 0, 0),
+            KV(b"tokenizer.ggml.pre", STRING, enc_str("smollm"), 0, 0),
+            KV(b"tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", STRING, len(toks)) +
+               b"".join(enc_str(t) for t in toks), 0, 0),
+            KV(b"tokenizer.ggml.token_type", ARRAY, enc_array(INT32, ttype), 0, 0),
+            KV(b"tokenizer.ggml.merges", ARRAY, struct.pack("<IQ", STRING, len(merges)) +
+               b"".join(enc_str(t) for t in merges), 0, 0)]
+    for k in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
+              "add_space_prefix"):
+        x = vlay.kv("tokenizer.ggml." + k)
+        if x is not None:
+            kvs.append(x)
+    dst.write_bytes(build(mlay, mbuf, kvs))
+
+
+def micro_variant(maker: "CaseMaker", k: int):
+    """Case k's key-level edits applied to the micro base of the same tokenizer type (micro-bpe for
+    gpt2 vocabularies, else micro-llama); None when case k is not key-level (bytes, tensors, data)
+    or needs its own vocabulary (an edit of more than 4 KiB: token lists, merges)."""
+    data, kind, desc = maker.make(k)
+    edits = list(EDITS)
+    if not edits or any(raw is not None and len(raw) > 4096 for _, _, raw in edits):
+        return None
+    _, lay = maker.base(next(p for p, _, _ in maker.bases if p.name == desc.split(":")[0]))
+    m = lay.kv("tokenizer.ggml.model")
+    base = MICRO_BPE if m is not None and m.raw[8:] == b"gpt2" else MICRO
+    buf = base.read_bytes()
+    for key, vt, raw in edits:
+        lay2 = parse_layout(buf)
+        kvs = [x for x in lay2.kvs if x.key != key] if vt is None else replace_kv(lay2, key, vt, raw)
+        buf = build(lay2, buf, kvs)
+    return buf, f"{base.name}: " + desc.split(": ", 1)[1]
 
 
 # ------------------------------------------------------------------ worker (runs cases in-process)
@@ -694,6 +765,43 @@ def run_vocab_case(path: str, lib) -> dict:
                                               f"{Path(tb.filename).name}:{tb.lineno}"}
 
 
+VOCAB_SCRIPT = """
+import sys
+from synapse_nb import SynapseError
+from synapse_nb.tokenizer import load_tokenizer
+try:
+    tok = load_tokenizer(sys.argv[1])
+    ids = tok.tokenize("hi there <|im_end|> </s> \u00e9\u4e2d", add_special=True, parse_special=True)
+    tok.tokenize(" \\n\\n  x", add_special=False, parse_special=False)
+    tok.detokenize(ids)
+except SynapseError as e:
+    sys.stderr.write("error: " + str(e) + "\\n")
+    sys.exit(2)
+"""
+
+
+def run_subprocess_case(path: str, kind: str, args) -> dict:
+    """--subprocess: one Python start-up per case (the CLI itself, or a tokenizer-only script),
+    under the same time and address-space limits; classified from exit status and stderr."""
+    cmd = [sys.executable, "-m", "cli.main", path, "hi", "-n", "2", "-c", "64", "-t", "1"] if kind == "model" else \
+        [sys.executable, "-c", VOCAB_SCRIPT, path]
+    try:
+        r = subprocess.run(cmd, cwd=args.root, capture_output=True, timeout=args.soft_timeout,
+                           preexec_fn=_limit_as(args.mem_mb), text=True, errors="replace")
+    except subprocess.TimeoutExpired:
+        return {"cls": "timeout", "detail": f"timeout {args.soft_timeout} s"}
+    lines = r.stderr.splitlines()
+    if r.returncode < 0:
+        return {"cls": "signal", "detail": f"signal {-r.returncode}"}
+    if "MemoryError" in r.stderr:
+        return {"cls": "memory", "detail": lines[-1:]}
+    if r.returncode == 0:
+        return {"cls": "ok", "nonfinite": "not finite" in r.stderr}
+    if r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr:
+        return {"cls": "clean", "detail": lines[0][:200]}
+    return {"cls": "exception", "detail": f"exit {r.returncode}: " + " | ".join(lines[-3:])[:300]}
+
+
 def worker_main(args) -> None:
     """Read case numbers on stdin; answer each with one JSON line on stdout."""
     sys.path.insert(0, str(Path(args.root).resolve()))
@@ -708,10 +816,11 @@ def worker_main(args) -> None:
     tmpdir = Path(tempfile.mkdtemp(prefix="fuzz-gguf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     # Warm-up before the first case: every kernel the bases use is loaded from Numba's cache (or
     # compiled), so that no case's time includes it.
-    for p, kind, _ in maker.bases:
+    warm = [] if args.subprocess else maker.bases  # --subprocess: nothing runs in-process
+    for p, kind, _ in warm:
         if kind == "model":
             run_model_case(str(p), llama_decode)
-    for p, kind, _ in maker.bases[-1:]:
+    for p, kind, _ in warm[-1:]:
         if kind == "vocab":
             run_vocab_case(str(p), (SynapseError, load_tokenizer))
     proto.write(json.dumps({"ready": os.getpid()}) + "\n")
@@ -726,9 +835,10 @@ def worker_main(args) -> None:
                 path = tmpdir / f"case-{k}.gguf"
                 path.write_bytes(data)
             t0 = time.perf_counter()
-            signal.setitimer(signal.ITIMER_REAL, args.soft_timeout)
+            signal.setitimer(signal.ITIMER_REAL, 0 if args.subprocess else args.soft_timeout)
             try:
-                res = run_model_case(str(path), llama_decode) if kind == "model" else \
+                res = run_subprocess_case(str(path), kind, args) if args.subprocess else \
+                    run_model_case(str(path), llama_decode) if kind == "model" else \
                     run_vocab_case(str(path), (SynapseError, load_tokenizer))
             except CaseTimeout:
                 res = {"cls": "timeout", "detail": f"soft timeout {args.soft_timeout} s"}
@@ -756,7 +866,8 @@ def _limit_as(mb: int):
 class Worker:
     def __init__(self, args):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seed", str(args.seed), "--root",
-               str(args.root), "--bases", args.bases, "--soft-timeout", str(args.soft_timeout)]
+               str(args.root), "--bases", args.bases, "--soft-timeout", str(args.soft_timeout),
+               "--mem-mb", str(args.mem_mb)] + (["--subprocess"] if args.subprocess else [])
         env = dict(os.environ, PYTHONWARNINGS="default", NUMBA_NUM_THREADS="1")
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   preexec_fn=_limit_as(args.mem_mb), env=env, text=True, bufsize=1)
@@ -788,6 +899,15 @@ def run_campaign(args, files=None) -> dict:
     todo.reverse()
     results: dict[int, dict] = {}
     workers = [Worker(args) for _ in range(args.jobs)]
+    try:
+        return _campaign_loop(args, files, todo, results, workers)
+    finally:
+        for w in workers:
+            if w.p.poll() is None:
+                w.kill()
+
+
+def _campaign_loop(args, files, todo, results, workers) -> dict:
     t0 = time.monotonic()
     maker = None
     last_print = t0
@@ -848,6 +968,8 @@ def run_campaign(args, files=None) -> dict:
         "seed": args.seed, "n": args.n, "start": args.start, "root": str(args.root), "bases": args.bases,
         "elapsed_s": round(elapsed, 1), "counts": {c: counts.get(c, 0) for c in CLASSES},
         "ok_nonfinite": sum(1 for x in results.values() if x.get("nonfinite")),
+        # one letter per case (o k e s t m: ok clean exception signal timeout memory), to compare runs
+        "by_case": "".join("okestm"[CLASSES.index(results[k]["cls"])] for k in sorted(results)),
         "flagged": flagged,
     }
     if args.save_flagged:
@@ -870,6 +992,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-mb", type=int, default=4096, help="address-space limit of a worker, MiB")
     ap.add_argument("--root", default=str(ROOT), help="checkout whose synapse_nb and cli are run")
     ap.add_argument("--bases", choices=("all", "micro"), default="all")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="one CLI (or tokenizer script) process per case instead of in-process (slow: to check "
+                         "that both agree)")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     ap.add_argument("--progress", action="store_true", help="counts on stderr every 30 s")
     ap.add_argument("--save-flagged", metavar="DIR", help="write every flagged case's file to DIR")
@@ -879,12 +1004,15 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-of", nargs="+", type=int, metavar="CASE",
                     help="with --write DIR: each case's mutation applied to micro-llama-f16.gguf, one file per "
                          "distinct result")
-    ap.add_argument("--make-micro", action="store_true", help="(re)build tests/data/fuzz/micro-llama-f16.gguf")
+    ap.add_argument("--make-micro", action="store_true",
+                    help="(re)build tests/data/fuzz/micro-llama-f16.gguf and micro-bpe-f16.gguf")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.make_micro:
         make_micro(MICRO)
-        print(f"{MICRO}: {MICRO.stat().st_size} bytes")
+        make_micro_bpe(MICRO_BPE)
+        for p in (MICRO, MICRO_BPE):
+            print(f"{p}: {p.stat().st_size} bytes")
         return 0
     if args.worker:
         worker_main(args)
@@ -895,7 +1023,11 @@ def main(argv=None) -> int:
         maker, out, seen = CaseMaker(args.seed, args.bases), Path(args.write), set()
         out.mkdir(parents=True, exist_ok=True)
         for k in args.micro_of:
-            data, _, desc = maker.make(k, base=MICRO)
+            v = micro_variant(maker, k)
+            if v is None:
+                print(f"case {k}: not key-level, no micro variant: {maker.make(k)[2]}")
+                continue
+            data, desc = v
             h = hashlib.sha256(data).hexdigest()[:12]
             if h not in seen:
                 seen.add(h)
