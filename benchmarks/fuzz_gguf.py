@@ -869,6 +869,8 @@ class Worker:
                str(args.root), "--bases", args.bases, "--soft-timeout", str(args.soft_timeout),
                "--mem-mb", str(args.mem_mb)] + (["--subprocess"] if args.subprocess else [])
         env = dict(os.environ, PYTHONWARNINGS="default", NUMBA_NUM_THREADS="1")
+        if args.boundscheck:  # every array access of every kernel checked (IndexError): a separate cache
+            env.update(NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(Path(tempfile.gettempdir()) / "fuzz-gguf-numba-bc"))
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   preexec_fn=_limit_as(args.mem_mb), env=env, text=True, bufsize=1)
         self.case = None
@@ -992,6 +994,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-mb", type=int, default=4096, help="address-space limit of a worker, MiB")
     ap.add_argument("--root", default=str(ROOT), help="checkout whose synapse_nb and cli are run")
     ap.add_argument("--bases", choices=("all", "micro"), default="all")
+    ap.add_argument("--boundscheck", action="store_true",
+                    help="workers run Numba with NUMBA_BOUNDSCHECK=1 (own kernel cache; the first start compiles "
+                         "every kernel): an out-of-bounds read in a forward is an IndexError, not silent")
     ap.add_argument("--subprocess", action="store_true",
                     help="one CLI (or tokenizer script) process per case instead of in-process (slow: to check "
                          "that both agree)")
