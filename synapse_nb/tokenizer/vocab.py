@@ -170,16 +170,18 @@ class Vocab:
         self.n_vocab = n
 
         # llama.cpp reads scores as `(const float *) gguf_get_arr_data` and token types as
-        # `(const int *)`, n_tokens of each, whatever the element type: we accept the 4-byte types
-        # (read as llama.cpp reads them: the bits as float32 / int32) and at least n elements
-        # (fewer would be a read past the array in llama.cpp).
+        # `(const int *)`, n_tokens of each, without checking the element type. Scores: the 4-byte
+        # types are accepted and read as llama.cpp reads them, the bits as float32 (real files have
+        # INT32 scores: Mistral Tekken's, all zeros). Token types: INT32 / UINT32 (the same bits);
+        # a float token type is an unchecked cast in llama.cpp, not a file anyone writes. At least
+        # n elements each (fewer would be a read past the array in llama.cpp).
         four = (VT.FLOAT32, VT.INT32, VT.UINT32)
         scores = meta.get_array(Keys.Tokenizer.SCORES, four, min_length=n, default=None)
         if scores is None:
             self.scores = np.zeros(n, np.float32)
         else:
             self.scores = np.ascontiguousarray(scores[:n]).view("<f4").astype(np.float32)
-        ttype = meta.get_array(Keys.Tokenizer.TOKEN_TYPE, four, min_length=n, default=None)
+        ttype = meta.get_array(Keys.Tokenizer.TOKEN_TYPE, (VT.INT32, VT.UINT32), min_length=n, default=None)
         if ttype is None:
             self.attrs = np.full(n, ATTR_NORMAL, np.int32)
         else:
