@@ -14,6 +14,11 @@ rows not a multiple of the block size, and (from the model loader) tensor data
 outside the file. One thing is deliberately more lenient: gguf.cpp requires the
 tensors to be laid out back to back in table order; we only require every
 offset to be aligned and every tensor to lie inside the file.
+
+Key/values are read through Metadata (GGUFFile.get / get_array / get_per_layer,
+or GGUFFile.meta): each read states the GGUF type it expects, as llama.cpp's
+llama_model_loader get_key / get_arr / get_key_or_arr do, and a wrong type is a
+SynapseError naming the file, the key, the expected and the found type.
 """
 
 from __future__ import annotations
