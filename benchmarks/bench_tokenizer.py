@@ -102,14 +102,14 @@ def main() -> None:
     n = len(text.encode())
     print(f"text: {n / 1e6:.2f} MB UTF-8, {len(text)} characters")
     t0 = time.perf_counter()
-    Tokenizer.from_kv(open_gguf(ROOT / "tests/data/vocab/ggml-vocab-llama-spm.gguf").kv)
+    Tokenizer.from_kv(open_gguf(ROOT / "tests/data/vocab/ggml-vocab-llama-spm.gguf").meta)
     print(f"first tokenizer build (Numba kernels from cache): {time.perf_counter() - t0:.2f} s")
     for name in args.vocabs:
         path = Path(name) if name.endswith(".gguf") else ROOT / f"tests/data/vocab/ggml-vocab-{name}.gguf"
         t0 = time.perf_counter()
         g = open_gguf(path)
         t1 = time.perf_counter()
-        tok = Tokenizer.from_kv(g.kv)
+        tok = Tokenizer.from_kv(g.meta)
         t2 = time.perf_counter()
         ids = tok.tokenize(text, add_special=True, parse_special=False)
         t3 = time.perf_counter()

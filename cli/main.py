@@ -59,18 +59,21 @@ def _decode_utf8(data: bytes, what: str) -> str:
             from None
 
 
-def _read_prompt(prompt: str | None, file: str | None) -> str:
+def _read_prompt(prompt: str | None, file: str | None, limit: int, n_ctx: int) -> str:
+    # Files and stdin are read up to `limit` bytes (synapse_nb.inputs): `-f /dev/zero` fails at once.
+    from synapse_nb.inputs import read_bounded
+
     if file is not None and prompt is not None:
         raise click.UsageError("give the prompt either as an argument or with -f/--file, not both")
     if file is not None:
         try:
             with open(file, "rb") as f:
-                data = f.read()
+                data = read_bounded(f, limit, f"-f/--file {file}", n_ctx)
         except OSError as e:
             raise click.BadParameter(f"{file}: {e.strerror}", param_hint="-f/--file")
         return _decode_utf8(data, f"-f/--file {file}")
     if prompt == "-":
-        return _decode_utf8(sys.stdin.buffer.read(), "standard input")
+        return _decode_utf8(read_bounded(sys.stdin.buffer, limit, "standard input", n_ctx), "standard input")
     return prompt if prompt is not None else ""
 
 
@@ -208,7 +211,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         if bad:
             raise SynapseError(f"--tokens: id {bad[0]} is outside the vocabulary [0, {model.hparams.n_vocab})")
     else:
-        text = _read_prompt(prompt, file)
+        from synapse_nb.inputs import prompt_byte_limit
+
+        n_ctx_max = ctx_size if ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
+        text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
     if tokenize_only:
@@ -277,6 +283,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     t_p0 = time.perf_counter()
     logits = session.eval(prompt_ids, all_logits=want_rows)
     t_p1 = time.perf_counter()
+    from synapse_nb.inputs import NonFiniteWatch
+
+    watch = NonFiniteWatch()  # NaN / inf weights give NaN / inf logits, as in llama.cpp: say so once
+    if watch.check(logits):
+        _log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
     if want_rows:
         rows.append(logits)
         logits = logits[-1]
@@ -286,6 +297,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     def on_logits(row):  # one decoded token evaluated
         nonlocal n_evals
         n_evals += 1
+        if watch.check(row):
+            _log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
         if want_rows:
             rows.append(row[None, :])
 
@@ -412,6 +425,9 @@ def _check_output(dest: str, inputs) -> None:
     if os.path.lexists(dest):
         raise SynapseError(f"--logits-out {dest} already exists; it is not overwritten (remove it or choose "
                            f"another name)")
+    from synapse_nb.inputs import check_writable
+
+    check_writable(dest, "--logits-out")  # a read-only directory is found now, not after the generation
 
 
 def _save_npy(dest: str, array) -> None:

@@ -14,6 +14,11 @@ rows not a multiple of the block size, and (from the model loader) tensor data
 outside the file. One thing is deliberately more lenient: gguf.cpp requires the
 tensors to be laid out back to back in table order; we only require every
 offset to be aligned and every tensor to lie inside the file.
+
+Key/values are read through Metadata (GGUFFile.get / get_array / get_per_layer,
+or GGUFFile.meta): each read states the GGUF type it expects, as llama.cpp's
+llama_model_loader get_key / get_arr / get_key_or_arr do, and a wrong type is a
+SynapseError naming the file, the key, the expected and the found type.
 """
 
 from __future__ import annotations
@@ -113,6 +118,136 @@ class TensorInfo:
         return self.data.reshape(-1, rb) if rb else self.data.reshape(0, 0)
 
 
+REQUIRED = object()  # default= of the Metadata getters: the key must be present
+
+
+def _type_name(vtype: GGUFValueType, etype: GGUFValueType | None = None) -> str:
+    """A GGUF type as llama.cpp's gguf_type_name spells it (upper case here): UINT32, ARRAY of FLOAT32."""
+    return f"ARRAY of {etype.name}" if vtype == GGUFValueType.ARRAY and etype is not None else vtype.name
+
+
+def _types(t) -> tuple[GGUFValueType, ...]:
+    return tuple(t) if isinstance(t, (tuple, list, frozenset, set)) else (t,)
+
+
+# Python value -> GGUF type, for key/values built by hand (Metadata.from_values: tests, tools).
+_DTYPE_TO_VTYPE = {np.dtype(d): t for t, d in _NUMERIC.items() if t != GGUFValueType.BOOL}
+
+
+def _infer_type(v) -> tuple[GGUFValueType, GGUFValueType | None]:
+    if isinstance(v, (bool, np.bool_)):
+        return GGUFValueType.BOOL, None
+    if isinstance(v, str):
+        return GGUFValueType.STRING, None
+    if isinstance(v, (int, np.integer)):
+        v = int(v)
+        return (GGUFValueType.UINT32 if 0 <= v < 1 << 32 else
+                GGUFValueType.INT64 if -(1 << 63) <= v < 1 << 63 else GGUFValueType.UINT64), None
+    if isinstance(v, (float, np.floating)):
+        return GGUFValueType.FLOAT32, None
+    if isinstance(v, (list, tuple)):
+        if all(isinstance(x, str) for x in v):
+            return GGUFValueType.ARRAY, GGUFValueType.STRING
+        return _infer_type(np.asarray(v))
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        if v.dtype == np.bool_:
+            return GGUFValueType.ARRAY, GGUFValueType.BOOL
+        et = _DTYPE_TO_VTYPE.get(v.dtype.newbyteorder("<") if v.dtype.byteorder == ">" else v.dtype)
+        if et is not None:
+            return GGUFValueType.ARRAY, et
+    raise TypeError(f"no GGUF type for a value of type {type(v).__name__}")
+
+
+class Metadata:
+    """Typed read access to GGUF key/values: the one way keys are read in synapse_nb.
+
+    Every read states the GGUF type it expects, as llama.cpp's llama_model_loader does
+    (GGUFMeta::GKV<T>::get_kv requires the exact type: "key %s has wrong type %s but expected
+    type %s"; get_arr checks the element type; get_key_or_arr takes a per-layer array or a scalar).
+    A wrong type, element type or length raises SynapseError naming the file, the key, the
+    expected and the found type; nothing is converted silently.
+
+    kv: key -> value as GGUFFile.kv; kv_types: key -> (GGUFValueType, element type or None);
+    where: prefix of error messages, e.g. "model.gguf: ".
+    """
+
+    def __init__(self, kv: dict, kv_types: dict, where: str = ""):
+        self.kv, self.kv_types, self.where = kv, kv_types, where
+
+    @classmethod
+    def from_values(cls, kv: dict, where: str = "") -> "Metadata":
+        """Metadata of a key/value dict built by hand (Python values, no GGUF types): types are
+        inferred: bool BOOL, str STRING, int UINT32 (INT64 / UINT64 outside its range), float
+        FLOAT32, list[str] ARRAY of STRING, 1-D numpy arrays ARRAY of their dtype."""
+        return cls(kv, {k: _infer_type(v) for k, v in kv.items()}, where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.kv
+
+    def _missing(self, key, default, what="key"):
+        if default is REQUIRED:
+            raise SynapseError(f"{self.where}missing required {what} {_show(key)}")
+        return default
+
+    def _wrong(self, key, expected: str):
+        vt, et = self.kv_types[key]
+        raise SynapseError(f"{self.where}key {_show(key)} has wrong type {_type_name(vt, et)} but expected type "
+                           f"{expected}")
+
+    def get(self, key: str, vtype, default=REQUIRED):
+        """The scalar value of `key`, which must be of GGUF type `vtype` (or one of a tuple of types).
+
+        Returns int (integer types), float (FLOAT32 / FLOAT64), bool (BOOL) or str (STRING);
+        `default` when the key is absent (SynapseError "missing required key" without a default).
+        Raises SynapseError when the key has another type (an array included).
+        """
+        if key not in self.kv:
+            return self._missing(key, default)
+        allowed = _types(vtype)
+        if self.kv_types[key][0] not in allowed:
+            self._wrong(key, " or ".join(t.name for t in allowed))
+        return self.kv[key]
+
+    def get_array(self, key: str, etype, length: int | None = None, min_length: int | None = None,
+                  default=REQUIRED):
+        """The array value of `key`: elements of GGUF type `etype` (or one of a tuple of types).
+
+        length: exact number of elements required; min_length: at least that many.
+        Returns list[str] (STRING) or a 1-D numpy array (numeric; np.bool_ for BOOL);
+        `default` when absent. Raises SynapseError for a scalar, another element type or a
+        wrong length.
+        """
+        if key not in self.kv:
+            return self._missing(key, default, "array key")
+        allowed = _types(etype)
+        vt, et = self.kv_types[key]
+        if vt != GGUFValueType.ARRAY or et not in allowed:
+            self._wrong(key, " or ".join(f"ARRAY of {t.name}" for t in allowed))
+        v = self.kv[key]
+        if length is not None and len(v) != length:
+            raise SynapseError(f"{self.where}key {_show(key)} has wrong array length; expected {length}, "
+                               f"got {len(v)}")
+        if min_length is not None and len(v) < min_length:
+            raise SynapseError(f"{self.where}key {_show(key)} has {len(v)} elements, expected at least "
+                               f"{min_length}")
+        return v
+
+    def get_per_layer(self, key: str, n_layer: int, default=REQUIRED) -> list[int]:
+        """A per-layer integer (head_count, head_count_kv, feed_forward_length) as n_layer ints.
+
+        llama_model_loader::get_key_or_arr: a UINT32 scalar (repeated for every layer) or an
+        array of exactly n_layer INT32 / UINT32 / BOOL elements (get_arr's accepted types).
+        `default` (an int) is repeated when the key is absent.
+        """
+        if key not in self.kv:
+            d = self._missing(key, default)
+            return d if d is None else [d] * n_layer
+        if self.kv_types[key][0] == GGUFValueType.ARRAY:
+            a = self.get_array(key, (GGUFValueType.INT32, GGUFValueType.UINT32, GGUFValueType.BOOL), length=n_layer)
+            return [int(x) for x in a]
+        return [self.get(key, GGUFValueType.UINT32)] * n_layer
+
+
 @dataclass(eq=False)
 class GGUFFile:
     """An opened GGUF file (see open_gguf).
@@ -142,8 +277,26 @@ class GGUFFile:
 
     @property
     def arch(self) -> str | None:
-        """general.architecture, or None when absent (vocabulary-only files have it too)."""
-        return self.kv.get(Keys.General.ARCHITECTURE)
+        """general.architecture (a string), or None when absent; SynapseError when it is not a string."""
+        return self.get(Keys.General.ARCHITECTURE, GGUFValueType.STRING, None)
+
+    @property
+    def meta(self) -> "Metadata":
+        """The key/values with their GGUF types, for typed reads (Metadata.get / get_array / get_per_layer)."""
+        return Metadata(self.kv, self.kv_types, f"{self.path}: ")
+
+    def get(self, key: str, vtype, default=REQUIRED):
+        """Metadata.get on this file's key/values (errors name the file)."""
+        return self.meta.get(key, vtype, default)
+
+    def get_array(self, key: str, etype, length: int | None = None, min_length: int | None = None,
+                  default=REQUIRED):
+        """Metadata.get_array on this file's key/values (errors name the file)."""
+        return self.meta.get_array(key, etype, length=length, min_length=min_length, default=default)
+
+    def get_per_layer(self, key: str, n_layer: int, default=REQUIRED):
+        """Metadata.get_per_layer on this file's key/values (errors name the file)."""
+        return self.meta.get_per_layer(key, n_layer, default)
 
     def tensor(self, name: str) -> TensorInfo:
         """The tensor called `name`; SynapseError naming it and the file when absent."""
@@ -296,11 +449,11 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
         kv[key], etype = _read_value(r, vtype, f"{path}: key {_show(key)}")
         kv_types[key] = (vtype, etype)
 
-    alignment = GGUF_DEFAULT_ALIGNMENT
-    if Keys.General.ALIGNMENT in kv:
-        alignment = kv[Keys.General.ALIGNMENT]
-        if kv_types[Keys.General.ALIGNMENT][0] != GGUFValueType.UINT32 or alignment == 0 or alignment & (alignment - 1):
-            raise SynapseError(f"{path}: key general.alignment must be a u32 power of two, got {alignment!r}")
+    # gguf.cpp: general.alignment must be a UINT32 power of two
+    alignment = Metadata(kv, kv_types, f"{path}: ").get(Keys.General.ALIGNMENT, GGUFValueType.UINT32,
+                                                          GGUF_DEFAULT_ALIGNMENT)
+    if alignment == 0 or alignment & (alignment - 1):
+        raise SynapseError(f"{path}: key general.alignment must be a u32 power of two, got {alignment!r}")
 
     table = []
     names = set()

@@ -16,18 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGUFValueType as VT
 from gguf import Keys
 
 from .errors import SynapseError
 from .formats import weight_formats
-from .gguf_file import GGUFFile, _show
+from .gguf_file import REQUIRED, GGUFFile, _show
 
 # llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
 # QWEN2 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
 ROPE_TYPE = {"llama": "norm", "mistral3": "norm", "qwen2": "neox"}
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cpp, not supported here
-
-_REQUIRED = object()
 
 # ggml types the kernels can multiply / look up: the weight formats of synapse_nb.formats' table
 # (= synapse_nb.kernels.supported_types(); a test keeps the two equal). Checked here so that a file
@@ -136,7 +135,7 @@ class HParams:
         (n_head not a multiple of n_head_kv, n_rot != head_dim_k, ...), and any
         missing, unexpected or wrongly shaped tensor.
         """
-        arch = g.kv.get(Keys.General.ARCHITECTURE)
+        arch = g.arch  # STRING, as llama.cpp's get_key(LLM_KV_GENERAL_ARCHITECTURE, std::string)
         if arch not in ROPE_TYPE:
             raise SynapseError(
                 f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(ROPE_TYPE)})"
@@ -146,17 +145,11 @@ class HParams:
         key = _KeyReader(g, arch)
         n_embd = key.integer(Keys.LLM.EMBEDDING_LENGTH)
         n_layer = key.integer(Keys.LLM.BLOCK_COUNT)
-        n_head = key.integer(Keys.Attention.HEAD_COUNT, per_layer=True)
-        n_head_kv = key.integer(Keys.Attention.HEAD_COUNT_KV, n_head, per_layer=True)
-        n_ff = key.integer(Keys.LLM.FEED_FORWARD_LENGTH, per_layer=True)
-        n_ctx_train = key.integer(Keys.LLM.CONTEXT_LENGTH)
-        for k, v in ((Keys.LLM.EMBEDDING_LENGTH, n_embd), (Keys.LLM.BLOCK_COUNT, n_layer),
-                     (Keys.Attention.HEAD_COUNT, n_head), (Keys.Attention.HEAD_COUNT_KV, n_head_kv),
-                     (Keys.LLM.FEED_FORWARD_LENGTH, n_ff), (Keys.LLM.CONTEXT_LENGTH, n_ctx_train)):
-            if v <= 0:
-                raise SynapseError(f"{g.path}: key {k.format(arch=arch)} must be positive, got {v}")
-        # Before anything loops over the layers: a corrupt block_count (2**31) must not build a
-        # table of billions of tensor names. Each layer has at least 9 tensors, plus 2 global ones.
+        if n_layer <= 0:
+            raise SynapseError(f"{g.path}: key {Keys.LLM.BLOCK_COUNT.format(arch=arch)} must be positive, got {n_layer}")
+        # Before anything loops over the layers (per-layer keys included): a corrupt block_count
+        # (2**31) must not build tables of billions of entries. Each layer has at least 9 tensors,
+        # plus 2 global ones.
         n_min = 9 * n_layer + 2
         if len(g.tensors) < n_min:
             raise SynapseError(
@@ -164,14 +157,31 @@ class HParams:
                 f"tensors, the file has {len(g.tensors)}"
                 + (" (a vocabulary-only GGUF, not a model)" if not g.tensors else "")
             )
+        key.n_layer = n_layer
+        n_head = key.integer(Keys.Attention.HEAD_COUNT, per_layer=True)
+        n_head_kv = key.integer(Keys.Attention.HEAD_COUNT_KV, n_head, per_layer=True)
+        n_ff = key.integer(Keys.LLM.FEED_FORWARD_LENGTH, per_layer=True)
+        n_ctx_train = key.integer(Keys.LLM.CONTEXT_LENGTH)
+        head_dim_k = key.integer(Keys.Attention.KEY_LENGTH, None)
+        head_dim_v = key.integer(Keys.Attention.VALUE_LENGTH, None)
+        n_rot = key.integer(Keys.Rope.DIMENSION_COUNT, None)
+        for k, v in ((Keys.LLM.EMBEDDING_LENGTH, n_embd),
+                     (Keys.Attention.HEAD_COUNT, n_head), (Keys.Attention.HEAD_COUNT_KV, n_head_kv),
+                     (Keys.LLM.FEED_FORWARD_LENGTH, n_ff), (Keys.LLM.CONTEXT_LENGTH, n_ctx_train),
+                     (Keys.Attention.KEY_LENGTH, head_dim_k), (Keys.Attention.VALUE_LENGTH, head_dim_v),
+                     (Keys.Rope.DIMENSION_COUNT, n_rot)):
+            if v is not None and v <= 0:
+                raise SynapseError(f"{g.path}: key {k.format(arch=arch)} must be positive, got {v}")
         if n_head % n_head_kv:
             raise SynapseError(f"{g.path}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
-        head_dim_k = key.integer(Keys.Attention.KEY_LENGTH, n_embd // n_head)
-        head_dim_v = key.integer(Keys.Attention.VALUE_LENGTH, n_embd // n_head)
-        n_rot = key.integer(Keys.Rope.DIMENSION_COUNT, head_dim_k)
-        if not (n_rot == head_dim_k == head_dim_v) or n_rot % 2:
+        # llama.cpp: n_embd_head_k = n_embd / n_head (integer division) unless the key is given
+        head_dim_k = n_embd // n_head if head_dim_k is None else head_dim_k
+        head_dim_v = n_embd // n_head if head_dim_v is None else head_dim_v
+        n_rot = head_dim_k if n_rot is None else n_rot
+        if not (n_rot == head_dim_k == head_dim_v) or n_rot % 2 or n_rot <= 0:
             raise SynapseError(
-                f"{g.path}: n_rot {n_rot}, head_dim_k {head_dim_k} and head_dim_v {head_dim_v} must be equal and even "
+                f"{g.path}: n_rot {n_rot}, head_dim_k {head_dim_k} and head_dim_v {head_dim_v} must be equal, even "
+                f"and positive "
                 f"for arch {arch}"
             )
 
@@ -208,7 +218,7 @@ class HParams:
         attn_factor = attn_factor * f32(key.number(Keys.Rope.SCALING_ATTN_FACTOR, 1.0))
 
         n_vocab = key.integer(Keys.LLM.VOCAB_SIZE, 0)
-        tokens = g.kv.get(Keys.Tokenizer.LIST)
+        tokens = g.get_array(Keys.Tokenizer.LIST, VT.STRING, default=None)
         if n_vocab and tokens is not None and len(tokens) != n_vocab:
             raise SynapseError(
                 f"{g.path}: {Keys.LLM.VOCAB_SIZE.format(arch=arch)} = {n_vocab} but "
@@ -220,7 +230,7 @@ class HParams:
         t = g.tensors
         hp = cls(
             arch=arch,
-            name=str(g.kv.get(Keys.General.NAME, "")),
+            name=g.get(Keys.General.NAME, VT.STRING, ""),
             n_vocab=n_vocab,
             n_embd=n_embd,
             n_layer=n_layer,
@@ -254,38 +264,28 @@ class HParams:
 
 
 class _KeyReader:
-    """Typed access to {arch}.* keys, with llama.cpp's defaults and one-line errors."""
+    """{arch}.* keys read through GGUFFile.get with the GGUF type llama.cpp's load_hparams reads them as:
+    UINT32 for counts and lengths (get_key<uint32_t>), FLOAT32 for numbers (get_key<float>), STRING;
+    per-layer counts as get_key_or_arr (a UINT32, or an n_layer array of INT32/UINT32)."""
 
     def __init__(self, g: GGUFFile, arch: str):
         self.g, self.arch = g, arch
+        self.n_layer = 0  # set once block_count is read and checked, for the per-layer keys
 
-    def _get(self, template, default, ok, what, per_layer=False):
+    def integer(self, template, default=REQUIRED, per_layer=False) -> int:
         k = template.format(arch=self.arch)
-        if k not in self.g.kv:
-            if default is _REQUIRED:
-                raise SynapseError(f"{self.g.path}: missing required key {k}")
-            return default
-        v = self.g.kv[k]
-        if per_layer and isinstance(v, np.ndarray) and v.ndim == 1 and v.size and v.dtype.kind in "iu":
-            # llama.cpp get_key_or_arr: one value per layer; we support uniform layers only.
-            if (v != v[0]).any():
-                raise SynapseError(f"{self.g.path}: key {k} varies per layer ({v.tolist()}), which is not supported")
-            v = int(v[0])
-        if not ok(v):
-            raise SynapseError(f"{self.g.path}: key {k} should be {what}, got {type(v).__name__} {v!r}")
-        return v
+        if not per_layer:
+            return self.g.get(k, VT.UINT32, default)
+        values = self.g.get_per_layer(k, self.n_layer, default)  # n_layer: set by from_gguf, checked first
+        if any(v != values[0] for v in values):
+            raise SynapseError(f"{self.g.path}: key {k} varies per layer ({values[:8]}...), which is not supported")
+        return values[0]
 
-    def integer(self, template, default=_REQUIRED, per_layer=False) -> int:
-        return self._get(template, default, lambda v: isinstance(v, int) and not isinstance(v, bool),
-                         "an integer", per_layer)
+    def number(self, template, default=REQUIRED) -> float:
+        return self.g.get(template.format(arch=self.arch), VT.FLOAT32, default)
 
-    def number(self, template, default=_REQUIRED) -> float:
-        v = self._get(template, default, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-                      "a number")
-        return v if v is None else float(v)
-
-    def string(self, template, default=_REQUIRED) -> str:
-        return self._get(template, default, lambda v: isinstance(v, str), "a string")
+    def string(self, template, default=REQUIRED) -> str:
+        return self.g.get(template.format(arch=self.arch), VT.STRING, default)
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

@@ -125,7 +125,7 @@ def test_unknown_architecture(tmp_path):
 
 def test_key_of_wrong_type(tmp_path):
     path = _patch_key(tmp_path, tiny("tiny-llama-f32"), "llama.block_count", 2, (6).to_bytes(4, "little"))  # FLOAT32
-    assert_error(path, "llama.block_count", "should be an integer")
+    assert_error(path, "key llama.block_count has wrong type FLOAT32 but expected type UINT32")
 
 
 def test_vocab_size_disagrees_with_token_list(tmp_path):

@@ -35,4 +35,4 @@ def load_tokenizer(source) -> Tokenizer:
         g = open_gguf(source)
     else:
         g = source
-    return Tokenizer.from_kv(g.kv, where=f"{g.path}: ")
+    return Tokenizer.from_kv(g.meta)

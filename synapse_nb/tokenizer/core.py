@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from gguf import GGUFValueType as VT
+
 from ..errors import SynapseError
+from ..gguf_file import Metadata
 from .bpe import BPE
 from .spm import SPM
 from .stream import StreamDecoder
@@ -55,18 +58,22 @@ class Tokenizer:
         self.source_name = ""  # the file, for error messages
 
     @classmethod
-    def from_kv(cls, kv: dict, where: str = "") -> "Tokenizer":
-        """Build from GGUF key/values (GGUFFile.kv: string arrays as list[str], numeric
-        arrays as numpy). `where` prefixes error messages (e.g. "model.gguf: ").
-        Raises SynapseError for missing/invalid tokenizer keys or unsupported types."""
-        vocab = Vocab(kv, where)
-        merges = kv.get("tokenizer.ggml.merges")
-        if vocab.type == TYPE_BPE and not isinstance(merges, list):
-            raise SynapseError(f"{where}invalid key tokenizer.ggml.merges")
+    def from_kv(cls, kv, where: str = "") -> "Tokenizer":
+        """Build from GGUF key/values: a gguf_file.Metadata (GGUFFile.meta, with the file's GGUF
+        types), or a plain dict as GGUFFile.kv (string arrays as list[str], numeric arrays as
+        numpy; types inferred by Metadata.from_values). `where` prefixes error messages of a
+        plain dict (e.g. "model.gguf: ").
+        Raises SynapseError for missing/invalid tokenizer keys (wrong GGUF type included) or
+        unsupported types."""
+        meta = kv if isinstance(kv, Metadata) else Metadata.from_values(kv, where)
+        vocab = Vocab(meta)
+        merges = None
+        if vocab.type == TYPE_BPE:  # llama.cpp: gguf_get_arr_str on every element: ARRAY of STRING
+            merges = meta.get_array("tokenizer.ggml.merges", VT.STRING)
         tok = cls(vocab, merges)
-        tok.source_name = where[:-2] if where.endswith(": ") else where
-        tmpl = kv.get("tokenizer.chat_template")
-        tok.chat_template = tmpl if isinstance(tmpl, str) else None
+        tok.source_name = meta.where[:-2] if meta.where.endswith(": ") else meta.where
+        # llama.cpp reads it as a string (llama_model_chat_template); another type is refused
+        tok.chat_template = meta.get("tokenizer.chat_template", VT.STRING, default=None)
         return tok
 
     # --- properties ---

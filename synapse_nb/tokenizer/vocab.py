@@ -16,9 +16,11 @@ on it (every candidate is end-of-generation).
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGUFValueType as VT
 from gguf import Keys
 
 from ..errors import SynapseError
+from ..gguf_file import Metadata
 
 # llama.h enum llama_token_attr
 ATTR_UNDEFINED = 0
@@ -114,14 +116,18 @@ class Vocab:
         unknown tokens), longest text first.
     """
 
-    def __init__(self, kv: dict, where: str = ""):
+    def __init__(self, kv, where: str = ""):
+        """kv: a gguf_file.Metadata (GGUFFile.meta), or a plain key -> value dict (GGUF types inferred,
+        Metadata.from_values). Every key is read with the GGUF type llama-vocab.cpp reads it as
+        (STRING model/pre/name, UINT32 special ids, BOOL flags, ARRAY of STRING tokens); a wrong
+        type raises SynapseError naming the key, the expected and the found type."""
+        meta = kv if isinstance(kv, Metadata) else Metadata.from_values(kv, where)
+        where = meta.where
         self.where = where
-        model = kv.get(Keys.Tokenizer.MODEL)
-        if model is None:
-            raise SynapseError(f"{where}missing key {Keys.Tokenizer.MODEL}")
-        pre = kv.get(Keys.Tokenizer.PRE)
+        model = meta.get(Keys.Tokenizer.MODEL, VT.STRING)
+        pre = meta.get(Keys.Tokenizer.PRE, VT.STRING, None)
         self.model = model
-        self.name = kv.get(Keys.General.NAME, "") or ""
+        self.name = meta.get(Keys.General.NAME, VT.STRING, "")
         if model == "llama":
             self.type = SPM
             bos, eos, unk = 1, 2, 0
@@ -139,16 +145,14 @@ class Vocab:
             if spec is None:
                 raise SynapseError(f"{where}unsupported {Keys.Tokenizer.PRE} '{self.pre}'")
             _, self.ignore_merges, self.add_bos = spec
-            if Keys.Tokenizer.MERGES not in kv:
+            if Keys.Tokenizer.MERGES not in meta:
                 raise SynapseError(f"{where}missing key {Keys.Tokenizer.MERGES}")
         else:
             raise SynapseError(f"{where}unsupported {Keys.Tokenizer.MODEL} '{model}' "
                                "(supported: llama, gpt2)")
-        self.add_space_prefix = bool(kv.get(Keys.Tokenizer.ADD_PREFIX, self.add_space_prefix))
+        self.add_space_prefix = meta.get(Keys.Tokenizer.ADD_PREFIX, VT.BOOL, self.add_space_prefix)
 
-        tokens = kv.get(Keys.Tokenizer.LIST)
-        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens[:1]):
-            raise SynapseError(f"{where}missing or invalid key {Keys.Tokenizer.LIST}")
+        tokens = meta.get_array(Keys.Tokenizer.LIST, VT.STRING)
         n = len(tokens)
         if n == 0:
             raise SynapseError(f"{where}{Keys.Tokenizer.LIST} is empty")
@@ -165,23 +169,23 @@ class Vocab:
                 seen[t] = i
         self.n_vocab = n
 
-        scores = kv.get(Keys.Tokenizer.SCORES)
+        # llama.cpp reads scores as `(const float *) gguf_get_arr_data` and token types as
+        # `(const int *)`, n_tokens of each, without checking the element type. Scores: the 4-byte
+        # types are accepted and read as llama.cpp reads them, the bits as float32 (real files have
+        # INT32 scores: Mistral Tekken's, all zeros). Token types: INT32 / UINT32 (the same bits);
+        # a float token type is an unchecked cast in llama.cpp, not a file anyone writes. At least
+        # n elements each (fewer would be a read past the array in llama.cpp).
+        four = (VT.FLOAT32, VT.INT32, VT.UINT32)
+        scores = meta.get_array(Keys.Tokenizer.SCORES, four, min_length=n, default=None)
         if scores is None:
             self.scores = np.zeros(n, np.float32)
         else:
-            scores = np.asarray(scores)
-            if scores.ndim != 1 or scores.dtype.kind not in "fi" or scores.shape[0] < n:
-                raise SynapseError(f"{where}invalid {Keys.Tokenizer.SCORES} "
-                                   f"({scores.dtype}, {scores.shape[0]} < {n} tokens?)")
-            self.scores = scores[:n].astype(np.float32)
-        ttype = kv.get(Keys.Tokenizer.TOKEN_TYPE)
+            self.scores = np.ascontiguousarray(scores[:n]).view("<f4").astype(np.float32)
+        ttype = meta.get_array(Keys.Tokenizer.TOKEN_TYPE, (VT.INT32, VT.UINT32), min_length=n, default=None)
         if ttype is None:
             self.attrs = np.full(n, ATTR_NORMAL, np.int32)
         else:
-            ttype = np.asarray(ttype)
-            if ttype.ndim != 1 or ttype.dtype.kind not in "iu" or ttype.shape[0] < n:
-                raise SynapseError(f"{where}invalid {Keys.Tokenizer.TOKEN_TYPE}")
-            t = ttype[:n].astype(np.int64)
+            t = np.ascontiguousarray(ttype[:n]).view("<i4").astype(np.int64)
             ok = (t >= 0) & (t < len(_TYPE_TO_ATTR))
             self.attrs = np.where(ok, _TYPE_TO_ATTR[np.where(ok, t, 0)], ATTR_UNDEFINED).astype(np.int32)
 
@@ -202,17 +206,12 @@ class Vocab:
                   ("fim_pre", Keys.Tokenizer.PREFIX_ID), ("fim_suf", Keys.Tokenizer.SUFFIX_ID),
                   ("fim_mid", Keys.Tokenizer.MIDDLE_ID)]
         for name, key in key_of:
-            v = kv.get(key)
-            if v is None or isinstance(v, (str, list, np.ndarray)):
-                continue
-            v = int(v)
-            if 0 <= v < n:  # llama.cpp keeps the default for an out-of-range id
+            v = meta.get(key, VT.UINT32, None)  # llama.cpp: get_key(..., uint32_t new_id, false)
+            if v is not None and v < n:  # llama.cpp keeps the default for an out-of-range id
                 ids[name] = v
 
-        if Keys.Tokenizer.ADD_BOS in kv:
-            self.add_bos = bool(kv[Keys.Tokenizer.ADD_BOS])
-        if Keys.Tokenizer.ADD_EOS in kv:
-            self.add_eos = bool(kv[Keys.Tokenizer.ADD_EOS])
+        self.add_bos = meta.get(Keys.Tokenizer.ADD_BOS, VT.BOOL, self.add_bos)
+        self.add_eos = meta.get(Keys.Tokenizer.ADD_EOS, VT.BOOL, self.add_eos)
         if self.add_bos and ids["bos"] is None:
             raise SynapseError(f"{where}{Keys.Tokenizer.ADD_BOS} is true, but "
                                f"{Keys.Tokenizer.BOS_ID} is not set")
@@ -223,7 +222,7 @@ class Vocab:
         self._detect_special(ids)
         for k, v in ids.items():
             setattr(self, f"{k}_id", v)
-        self._per_model_attrs(kv)
+        self._per_model_attrs(pre or "", meta.get(Keys.General.ARCHITECTURE, VT.STRING, ""))
 
         sp = np.nonzero(self.attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN))[0]
         # llama.cpp sorts by byte length, longest first (std::sort; ties here by id)
@@ -285,11 +284,9 @@ class Vocab:
             self.attrs[i] = ATTR_NORMAL
         self.eog_ids = frozenset(eog)
 
-    def _per_model_attrs(self, kv: dict) -> None:
+    def _per_model_attrs(self, pre: str, arch: str) -> None:
         # llama.cpp sets lstrip/rstrip by model name / pre-tokenizer / architecture
         name = self.name.lower()
-        pre = kv.get(Keys.Tokenizer.PRE, "") or ""
-        arch = kv.get(Keys.General.ARCHITECTURE, "") or ""
         t2i = self.token_to_id
         if (any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
                 or any(s in arch for s in ("nomic-bert-moe", "jina-bert-v3"))):

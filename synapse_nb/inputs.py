@@ -1,0 +1,83 @@
+"""User inputs and outputs checked before any work: bounded prompt reads, writable output paths,
+non-finite logits.
+
+  prompt_byte_limit(tokenizer, n_ctx) -> int   the most prompt bytes n_ctx tokens could ever hold
+  read_bounded(f, limit, what) -> bytes        at most limit bytes of a file / stdin, else SynapseError
+  check_writable(dest, what)                   SynapseError unless a file can be created beside dest
+  NonFiniteWatch                               notices the first NaN / inf logits row
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from .errors import SynapseError
+
+# A generous bound on the prompt bytes one token can stand for: 64 bytes, or the longest token text
+# of the vocabulary when it is longer. Every token the tokenizers here produce covers a run of the
+# input no longer than its text (SPM: a space becomes the 3-byte U+2581; byte-level BPE: a byte becomes
+# a 1- or 2-byte character; byte fallback: one byte), so a prompt of more than n_ctx * bound bytes
+# cannot fit in n_ctx tokens. Real prompts average 3-5 bytes per token (English) and rarely 10+
+# (long runs of spaces, code); 64 leaves an order of magnitude of headroom over the worst real text
+# while keeping the read small: 256 KiB at n_ctx 4096, 8 MiB at 128k.
+BYTES_PER_TOKEN = 64
+
+
+def prompt_byte_limit(tokenizer, n_ctx: int) -> int:
+    """The most bytes a prompt that fits in n_ctx tokens can have (see BYTES_PER_TOKEN), >= 64."""
+    longest = max((len(t.encode("utf-8", "surrogateescape")) for t in tokenizer.vocab.tokens), default=0)
+    return max(1, n_ctx) * max(BYTES_PER_TOKEN, longest)
+
+
+def read_bounded(f, limit: int, what: str, n_ctx: int) -> bytes:
+    """Read at most limit + 1 bytes from the binary file object f (a file, a pipe, /dev/zero).
+
+    Returns the bytes when there are at most `limit`; raises SynapseError (naming `what` and n_ctx)
+    when there are more, without reading further. Takes well under a second for any limit
+    prompt_byte_limit gives (one read of limit + 1 bytes).
+    """
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SynapseError(f"{what}: the prompt is longer than {limit} bytes, more than the context size n_ctx = "
+                           f"{n_ctx} tokens can hold; raise -c/--ctx-size or shorten the prompt")
+    return data
+
+
+def check_writable(dest: str, what: str) -> None:
+    """SynapseError (naming `what` and the directory) unless a new file can be created in dest's directory.
+
+    Creates and removes an empty temporary file there: permissions, read-only file systems and
+    full inode tables show up now, before the model is loaded, not after a long generation.
+    """
+    d = os.path.dirname(os.path.abspath(dest))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".llama-decode-check-", dir=d)
+    except OSError as e:
+        raise SynapseError(f"{what} {dest}: cannot write in {d}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+class NonFiniteWatch:
+    """Watches logits rows for NaN / inf (from NaN / inf weights, which llama.cpp propagates too).
+
+    check(logits) -> True the first time a float array with a non-finite value is passed, then
+    False forever (one warning per run). `bad_rows` counts the rows seen with one.
+    """
+
+    def __init__(self):
+        self.warned = False
+        self.bad_rows = 0
+
+    def check(self, logits: np.ndarray) -> bool:
+        a = np.asarray(logits)
+        rows = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+        bad = int((~np.isfinite(rows)).any(axis=1).sum())
+        self.bad_rows += bad
+        if bad and not self.warned:
+            self.warned = True
+            return True
+        return False

@@ -1,0 +1,268 @@
+"""Malformed files and inputs are rejected cleanly (issue 18).
+
+- A fixed 300-case subset of benchmarks/fuzz_gguf.py (seed 1): no outcome other than OK or a clean
+  SynapseError (no other exception, signal, hang or memory error).
+- Every file a fuzz run flagged, kept in tests/data/fuzz/ (mutations of micro-llama-f16.gguf, the
+  regression base): through the CLI, exit 2, exactly one stderr line "error: ...", no traceback,
+  naming the file and the key; the message each one must give is in tests/data/fuzz/expected.json.
+- The typed GGUF accessor (gguf_file.Metadata): wrong types name file, key, expected and found
+  type; llama.cpp's leniency (per-layer arrays) is kept.
+- Prompts from a file or stdin are bounded; --logits-out is checked before any work; NaN weights
+  give NaN logits and one warning line.
+"""
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DATA
+
+from synapse_nb.errors import SynapseError
+from synapse_nb.gguf_file import Metadata, open_gguf
+from synapse_nb.hparams import HParams
+from synapse_nb.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+FUZZ = DATA / "fuzz"
+MICRO = FUZZ / "micro-llama-f16.gguf"
+MICRO_BPE = FUZZ / "micro-bpe-f16.gguf"
+# file -> {"mutation": what was done to the micro base, "base_defect": how main at c38829a failed on it,
+#          "any_of": the messages it must give now (derived from the mutation: the key whose type changed)}
+EXPECTED = json.loads((FUZZ / "expected.json").read_text())
+REGRESSIONS = sorted(p for p in FUZZ.glob("*.gguf") if p not in (MICRO, MICRO_BPE))
+
+_spec = importlib.util.spec_from_file_location("fuzz_gguf", ROOT / "benchmarks" / "fuzz_gguf.py")
+fz = importlib.util.module_from_spec(_spec)
+sys.modules["fuzz_gguf"] = fz  # dataclasses look their module up there
+_spec.loader.exec_module(fz)
+
+
+def cli(*args, input=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], cwd=ROOT, capture_output=True,
+                          input=input, timeout=timeout)
+
+
+def assert_one_error_line(res, *words):
+    err = res.stderr.decode("utf-8", "replace")
+    lines = err.splitlines()
+    assert res.returncode == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def micro_with(tmp_path, name="case.gguf", **changes) -> Path:
+    """micro-llama-f16.gguf with keys replaced: key=(GGUF type, raw value bytes)."""
+    buf = MICRO.read_bytes()
+    lay = fz.parse_layout(buf)
+    kvs = lay.kvs
+    for key, (vt, raw) in changes.items():
+        lay.kvs = kvs
+        kvs = fz.replace_kv(lay, key.encode(), vt, raw)
+    out = tmp_path / name
+    out.write_bytes(fz.build(lay, buf, kvs))
+    return out
+
+
+# ---------------------------------------------------------------- the fuzz campaign subset
+
+def test_fuzz_subset_300_cases_only_ok_or_clean():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_gguf.py"), "--n", "300", "--seed", "1",
+                          "--jobs", "2", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-2000:]
+    s = json.loads(res.stdout.splitlines()[-1])
+    c = s["counts"]
+    assert sum(c.values()) == 300
+    assert c["exception"] == c["signal"] == c["timeout"] == c["memory"] == 0, s["flagged"]
+    # both outcomes occur: the mutations are neither all harmless nor all fatal
+    assert c["ok"] >= 30 and c["clean"] >= 100, c
+
+
+def test_fuzz_cases_are_reproducible():
+    a, b = fz.CaseMaker(1), fz.CaseMaker(1)
+    for k in (0, 7, 123):
+        assert a.make(k) == b.make(k)
+    assert fz.CaseMaker(2).make(7) != a.make(7)
+
+
+# ---------------------------------------------------------------- regression files
+
+@pytest.mark.parametrize("base", [MICRO, MICRO_BPE], ids=lambda p: p.name)
+def test_regression_bases_run(base):
+    # the regression files fail because of their mutation, not their base
+    assert base.stat().st_size < 100_000
+    res = cli(base, "hi", "-n", "2", "-c", "64", "-t", "1")
+    assert res.returncode == 0, res.stderr.decode()
+
+
+def test_every_regression_file_is_listed():
+    assert REGRESSIONS, "no regression files"
+    assert {p.name for p in REGRESSIONS} == set(EXPECTED)
+    assert all(p.stat().st_size <= 100_000 for p in REGRESSIONS)
+
+
+def test_regressions_through_the_cli_in_process():
+    # All files through the CLI's entry point, in fuzz workers (one Python start-up for all).
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_gguf.py"), "--jobs", "2", "--json",
+                          "--files", *map(str, REGRESSIONS)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    for x in out["results"]:
+        name = Path(x["file"]).name
+        assert x["cls"] == "clean", x
+        assert x["detail"].startswith("error: ") and name in x["detail"], x
+        assert any(w in x["detail"] for w in EXPECTED[name]["any_of"]), x
+
+
+def test_regressions_through_the_tokenizer_alone():
+    # the tokenizer-only path (load_tokenizer, as for vocabulary files): reads general.architecture,
+    # general.name and every tokenizer key itself
+    for path in REGRESSIONS:
+        try:
+            load_tokenizer(path).tokenize("hi", add_special=True, parse_special=True)
+        except SynapseError as e:
+            assert str(path) in str(e) and "\n" not in str(e), str(e)
+
+
+@pytest.mark.parametrize("path", REGRESSIONS[:: max(1, len(REGRESSIONS) // 6)], ids=lambda p: p.name)
+def test_regression_sample_as_a_subprocess(path):
+    line = assert_one_error_line(cli(path, "hi", "-n", "2", "-c", "64", "-t", "1"), str(path))
+    assert any(w in line for w in EXPECTED[path.name]["any_of"]), line
+
+
+# ---------------------------------------------------------------- the typed accessor
+
+S, U32, F32, ARR, BOOL, I32 = fz.STRING, fz.UINT32, fz.FLOAT32, fz.ARRAY, fz.BOOL, fz.INT32
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("general.name", (U32, fz.enc_scalar(U32, 7)), "key general.name has wrong type UINT32 but expected type STRING"),
+    ("general.architecture", (ARR, fz.enc_array(S, ["llama"])),
+     "key general.architecture has wrong type ARRAY of STRING but expected type STRING"),
+    ("llama.block_count", (F32, fz.enc_scalar(F32, 1.0)), "key llama.block_count has wrong type FLOAT32"),
+    ("llama.attention.layer_norm_rms_epsilon", (fz.FLOAT64, fz.enc_scalar(fz.FLOAT64, 1e-5)),
+     "has wrong type FLOAT64 but expected type FLOAT32"),
+    ("llama.attention.head_count_kv", (ARR, fz.enc_array(I32, [2, 2, 2])),
+     "key llama.attention.head_count_kv has wrong array length; expected 1, got 3"),
+    ("llama.attention.head_count", (ARR, fz.enc_array(F32, [4.0])),
+     "has wrong type ARRAY of FLOAT32 but expected type ARRAY of INT32 or ARRAY of UINT32 or ARRAY of BOOL"),
+])
+def test_hparams_key_of_wrong_type(tmp_path, key, value, words):
+    path = micro_with(tmp_path, **{key: value})
+    with pytest.raises(SynapseError) as e:
+        HParams.from_gguf(open_gguf(path))
+    assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_per_layer_array_accepted_as_llama_cpp_does(tmp_path):
+    # llama_model_loader::get_key_or_arr: an n_layer array of INT32 / UINT32 is a per-layer value
+    for et in (I32, U32):
+        path = micro_with(tmp_path, f"pl{et}.gguf", **{"llama.attention.head_count_kv": (ARR, fz.enc_array(et, [2])),
+                                                      "llama.feed_forward_length": (ARR, fz.enc_array(et, [64]))})
+        hp = HParams.from_gguf(open_gguf(path))
+        assert (hp.n_head_kv, hp.n_ff) == (2, 64)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("tokenizer.ggml.bos_token_id", (F32, fz.enc_scalar(F32, float("nan"))),
+     "key tokenizer.ggml.bos_token_id has wrong type FLOAT32 but expected type UINT32"),
+    ("tokenizer.ggml.eos_token_id", (F32, fz.enc_scalar(F32, float("inf"))), "wrong type FLOAT32"),
+    ("tokenizer.ggml.tokens", (S, fz.enc_str("a")), "tokenizer.ggml.tokens has wrong type STRING but expected "
+                                                    "type ARRAY of STRING"),
+    ("tokenizer.ggml.scores", (F32, fz.enc_scalar(F32, 0.0)), "tokenizer.ggml.scores has wrong type FLOAT32"),
+    ("tokenizer.ggml.scores", (ARR, fz.enc_array(F32, [0.0] * 3)), "tokenizer.ggml.scores has 3 elements, expected "
+                                                                  "at least 512"),
+    ("tokenizer.ggml.model", (ARR, fz.enc_array(S, ["llama"])), "tokenizer.ggml.model has wrong type ARRAY"),
+    ("tokenizer.ggml.pre", (U32, fz.enc_scalar(U32, 1)), "tokenizer.ggml.pre has wrong type UINT32"),
+    ("tokenizer.ggml.add_bos_token", (ARR, fz.enc_array(BOOL, [1])), "add_bos_token has wrong type ARRAY of BOOL "
+                                                                     "but expected type BOOL"),
+    ("general.architecture", (U32, fz.enc_scalar(U32, 3)), "general.architecture has wrong type UINT32"),
+])
+def test_tokenizer_key_of_wrong_type(tmp_path, key, value, words):
+    path = micro_with(tmp_path, **{key: value})
+    with pytest.raises(SynapseError) as e:
+        load_tokenizer(path)
+    assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_metadata_of_a_plain_dict():
+    m = Metadata.from_values({"a": 3, "b": "x", "c": [1.5], "d": ["p", "q"], "e": True}, "here: ")
+    assert m.get("a", fz_type("UINT32")) == 3 and m.get("b", fz_type("STRING")) == "x"
+    assert m.get_array("d", fz_type("STRING"), length=2) == ["p", "q"]
+    assert m.get("zz", fz_type("STRING"), "dflt") == "dflt"
+    with pytest.raises(SynapseError, match="here: key e has wrong type BOOL but expected type UINT32"):
+        m.get("e", fz_type("UINT32"))
+    with pytest.raises(SynapseError, match="here: missing required key zz"):
+        m.get("zz", fz_type("UINT32"))
+
+
+def fz_type(name):
+    from gguf import GGUFValueType
+
+    return GGUFValueType[name]
+
+
+# ---------------------------------------------------------------- CLI inputs and outputs
+
+def test_prompt_from_dev_zero_is_refused_at_once():
+    # Reading all of /dev/zero never ends (the old CLI ran out of memory): the subprocess timeout
+    # would fail this test. The bounded read itself is timed below.
+    res = cli(MICRO, "-f", "/dev/zero", "-n", "2", "-c", "64", timeout=120)
+    assert_one_error_line(res, "-f/--file /dev/zero", "longer than 4096 bytes", "n_ctx = 64")
+
+
+def test_bounded_read_takes_well_under_a_second():
+    from synapse_nb.inputs import prompt_byte_limit, read_bounded
+
+    tok = load_tokenizer(MICRO)
+    limit = prompt_byte_limit(tok, 131072)  # a 128k context: 8 MiB
+    assert limit == 131072 * 64
+    t0 = time.perf_counter()
+    with open("/dev/zero", "rb") as f, pytest.raises(SynapseError, match="longer than 8388608 bytes"):
+        read_bounded(f, limit, "-f/--file /dev/zero", 131072)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_prompt_from_stdin_past_the_bound():
+    res = cli(MICRO, "-", "-n", "2", "-c", "64", input=b"a" * 4097)
+    assert_one_error_line(res, "standard input", "longer than 4096 bytes")
+    ok = cli(MICRO, "-", "-n", "1", "-c", "4096", input=b"a " * 1000)  # 2000 bytes: within the bound
+    assert ok.returncode == 0, ok.stderr.decode()
+
+
+def test_logits_out_unwritable_directory_fails_before_loading(tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere that is writable at all
+        dest = "/proc/llama-decode-test.npy"
+    else:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        dest = str(d / "x.npy")
+    res = cli(MICRO, "hi", "-n", "2", "--logits-out", dest)
+    assert_one_error_line(res, "--logits-out", "cannot write in")
+    assert res.stdout == b""  # checked before the model is loaded: nothing was generated
+
+
+def test_nan_weights_give_nan_logits_and_one_warning(tmp_path):
+    buf = bytearray(MICRO.read_bytes())
+    lay = fz.parse_layout(bytes(buf))
+    t = next(t for t in lay.tensors if t.name == b"output_norm.weight")  # F32: NaN reaches every logit
+    off = lay.data_offset + t.offset
+    buf[off:off + 4] = struct.pack("<f", float("nan"))
+    path = tmp_path / "nan.gguf"
+    path.write_bytes(bytes(buf))
+    out = tmp_path / "logits.npy"
+    res = cli(path, "hi", "-n", "2", "-c", "64", "-t", "1", "--logits-out", out)
+    assert res.returncode == 0, res.stderr.decode()
+    warn = [ln for ln in res.stderr.decode().splitlines() if "not finite" in ln]
+    assert len(warn) == 1 and warn[0].startswith("warning: "), res.stderr.decode()
+    logits = np.load(out)
+    assert np.isnan(logits).all()
