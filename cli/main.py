@@ -377,12 +377,16 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     template = origin = None
     if chat["chat_template_file"] is not None:
         template, origin = read_template_file(chat["chat_template_file"]), chat["chat_template_file"]
-    first = _read_prompt(prompt, file) if prompt is not None or file is not None else None
     path = resolve_model(model_arg)
     model = load_model(path)
     hp = model.hparams
-    chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
     n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
+    first = None
+    if prompt is not None or file is not None:
+        from synapse_nb.inputs import prompt_byte_limit
+
+        first = _read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
+    chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
     kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
     if kv_bytes > _physical_memory():
         raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
