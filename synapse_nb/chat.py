@@ -417,9 +417,12 @@ class Conversation:
         return res
 
 
-def _read_turn(prompt_on_tty: bool):
+def _read_turn(prompt_on_tty: bool, limit: int | None = None):
     """One user turn from standard input: a line without its newline, or None at EOF.
-    On a terminal the prompt "> " is shown (stdout when it is the terminal too, else stderr)."""
+    On a terminal the prompt "> " is shown (stdout when it is the terminal too, else stderr).
+    limit: most bytes a line may have (synapse_nb.inputs.prompt_byte_limit); a longer line (or
+    endless input without a newline, such as /dev/zero) raises SynapseError once limit + 1 bytes
+    are read."""
     if prompt_on_tty and sys.stdin.isatty():
         if sys.stdout.isatty():
             try:
@@ -436,9 +439,12 @@ def _read_turn(prompt_on_tty: bool):
                 return None
         sys.stderr.write("> ")
         sys.stderr.flush()
-    line = sys.stdin.buffer.readline()
+    line = sys.stdin.buffer.readline(-1 if limit is None else limit + 1)
     if not line:
         return None
+    if limit is not None and len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+        raise SynapseError(f"standard input: a turn longer than {limit} bytes cannot fit in the context "
+                           f"(n_ctx tokens); nothing was read past that")
     if line.endswith(b"\n"):
         line = line[:-1]
         if line.endswith(b"\r"):
@@ -482,6 +488,9 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
         out.write(b)
         out.flush()
 
+    from .inputs import prompt_byte_limit
+
+    turn_limit = prompt_byte_limit(tok, session.n_ctx)
     totals = {"prompt_ms": 0.0, "n_prompt": 0, "eval_ms": 0.0, "n_decoded": 0}
     turn = 0
     pending = first_user
@@ -489,7 +498,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
         if pending is None:
             if single_turn and turn:
                 break
-            text = _read_turn(prompt_on_tty=not as_json or sys.stdin.isatty())
+            text = _read_turn(prompt_on_tty=not as_json or sys.stdin.isatty(), limit=turn_limit)
             if text is None:
                 if sys.stdin.isatty() and sys.stdout.isatty():
                     out.write(b"\n")

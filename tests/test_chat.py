@@ -429,3 +429,17 @@ def test_jinja2_is_imported_only_to_render():
     res = subprocess.run([sys.executable, "-c", code, str(VOCAB / "ggml-vocab-qwen2.gguf")], cwd=ROOT,
                          capture_output=True)
     assert res.returncode == 0, res.stderr.decode()
+
+
+def test_endless_stdin_turn_is_bad_input():
+    # -cnv reading /dev/zero (no newline ever): refused once the byte bound is read, exit 2, one line
+    from conftest import real_model
+
+    path = real_model("smollm2-135m-instruct-q4_1")
+    with open("/dev/zero", "rb") as zero:
+        res = subprocess.run([sys.executable, "-m", "cli.main", str(path), "-cnv", "-c", "256"], stdin=zero,
+                             capture_output=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: standard input: a turn longer than"), lines
+    assert res.stdout == b""
