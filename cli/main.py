@@ -349,9 +349,18 @@ def _save_npy(dest: str, array) -> None:
 @click.option("--prefill-check", is_flag=True,
               help="Check that batched prefill equals token-by-token decoding bit for bit; exit 1 if not.")
 @click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors.")
+@click.option("--perplexity", "ppl", is_flag=True,
+              help="Perplexity of the -f text as llama-perplexity computes it (-c default 512).")
+@click.option("--kl-divergence-base", "kld_base", type=str, default=None, metavar="FILE",
+              help="Alone: also write our log-probabilities to FILE (llama.cpp .kld, never overwrites); "
+                   "with --kl-divergence: the base file to compare against.")
+@click.option("--kl-divergence", "kl_div", is_flag=True,
+              help="KL divergence of our token distributions against --kl-divergence-base FILE.")
+@click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose):
+                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
+                 ppl=False, kld_base=None, kl_div=False, chunks=None):
     """Greedy continuation of PROMPT by the GGUF model MODEL, streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -373,8 +382,14 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
 
     warnings.showwarning = _warn
     try:
-        code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                    no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose)
+        if ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
+            from cli import perplexity as _ppl
+
+            code = _ppl.run(model, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_div, tokens,
+                            as_json, verbose)
+        else:
+            code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
+                        no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose)
     except click.ClickException:
         raise
     except SynapseError as e:

@@ -10,11 +10,12 @@ Modules, one concern each:
   model       the Llama-family graph (Model, forward)
   session     KV cache, prefill/decode loop, prefill check
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
+  perplexity  perplexity and KL divergence as llama-perplexity computes them
 """
 
 from .errors import SynapseError
 
-__all__ = ["SynapseError", "load_model", "load_tokenizer"]
+__all__ = ["SynapseError", "load_model", "load_tokenizer", "perplexity"]
 __version__ = "0.1.0"
 
 
@@ -34,3 +35,15 @@ def load_tokenizer(path):
     from .tokenizer import load_tokenizer as _load
 
     return _load(path)
+
+
+
+def __getattr__(name):
+    # synapse_nb.perplexity is the submodule, made callable (its __call__ is perplexity.perplexity):
+    # a function of that name here would be replaced by the submodule as soon as it is imported.
+    # Imported on first use, so that importing synapse_nb stays free of Numba.
+    if name == "perplexity":
+        import importlib
+
+        return importlib.import_module(".perplexity", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
