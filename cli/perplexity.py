@@ -60,9 +60,14 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
             text = text[:-1]  # -f drops exactly one trailing newline, as llama.cpp's -f does
         t_tok = time.perf_counter()
         ids = model.tokenizer.tokenize(text, add_special=True, parse_special=False)
-        _log(f"perplexity: tokenization took {1e3 * (time.perf_counter() - t_tok):.2f} ms ({len(ids)} tokens)")
+        if verbose:
+            _log(f"perplexity: tokenization took {1e3 * (time.perf_counter() - t_tok):.2f} ms ({len(ids)} tokens)")
     elif kb is None:
         raise click.UsageError("--perplexity needs a text: -f FILE, PROMPT, or '-' for standard input")
+    if kb is None:  # checked before the kernels are compiled
+        P.check_length(len(ids), n_ctx)
+    else:
+        P.check_kld_base(model, kb, ids)
     t_loaded = time.perf_counter()
 
     progress = _Compiling(verbose)

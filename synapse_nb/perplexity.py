@@ -96,6 +96,13 @@ def _tokens_array(tokens, n_vocab: int, what: str) -> np.ndarray:
     return ids
 
 
+def check_length(n_tokens: int, n_ctx: int) -> None:
+    """Raise SynapseError unless n_tokens >= 2 * n_ctx (llama-perplexity's rule)."""
+    if n_tokens < 2 * n_ctx:
+        raise SynapseError(f"perplexity: the text tokenizes to only {n_tokens} tokens; a context of {n_ctx} needs "
+                           f"at least {2 * n_ctx} (2 * n_ctx)")
+
+
 class _Evaluator:
     """Chunk evaluation as llama-perplexity does it: empty cache, positions 0..n_ctx-1, BOS in front
     when the vocabulary adds one, logits requested only at positions >= n_ctx/2."""
@@ -267,9 +274,7 @@ def perplexity(model, tokens, n_ctx: int = DEFAULT_N_CTX, n_batch: int = 64, n_t
     n_vocab = _n_vocab(model)
     ids = _tokens_array(tokens, n_vocab, "perplexity")
     n_tok = int(ids.size)
-    if n_tok < 2 * n_ctx:
-        raise SynapseError(f"perplexity: the text tokenizes to only {n_tok} tokens; a context of {n_ctx} needs at "
-                           f"least {2 * n_ctx} (2 * n_ctx)")
+    check_length(n_tok, n_ctx)
     n_chunk = n_tok // n_ctx
     if chunks is not None and chunks >= 0:
         n_chunk = min(int(chunks), n_chunk)
@@ -614,6 +619,26 @@ class KLDAccumulator:
         return res
 
 
+def check_kld_base(model, kb: KLDBase, tokens=None) -> np.ndarray:
+    """The base file's tokens (int64), after checking that they fit the model: same vocabulary size,
+    ids inside it, and (when ``tokens`` is given) the same as the text's tokens. Raises SynapseError."""
+    n_vocab = _n_vocab(model)
+    if kb.n_vocab != n_vocab:
+        raise SynapseError(f"{kb.path}: inconsistent vocabulary: the base file has {kb.n_vocab} tokens, the model "
+                           f"{model.path.name} {n_vocab}; it was computed with another model's vocabulary")
+    ftoks = np.asarray(kb.tokens, dtype=np.int64)
+    if tokens is not None:
+        ids = _tokens_array(tokens, n_vocab, "kl_divergence")
+        n = min(ids.size, ftoks.size)
+        diff = np.flatnonzero(ids[:n] != ftoks[:n])
+        if diff.size or ids.size < ftoks.size:
+            at = int(diff[0]) if diff.size else n
+            raise SynapseError(f"{kb.path}: the base file's tokens are not this text's tokens (they differ from "
+                               f"token {at} on): it was computed on another text or with another tokenizer")
+    _tokens_array(ftoks, n_vocab, kb.path)
+    return ftoks
+
+
 def kl_divergence(model, base, n_batch: int = 64, n_threads: int | None = None, progress=None,
                   tokens=None, chunks: int | None = None) -> KLDResult:
     """llama-perplexity --kl-divergence against a base file (perplexity.cpp ``kl_divergence``).
@@ -629,20 +654,8 @@ def kl_divergence(model, base, n_batch: int = 64, n_threads: int | None = None, 
     """
     model = _as_model(model)
     kb = base if isinstance(base, KLDBase) else read_kld(base)
-    n_vocab = _n_vocab(model)
-    if kb.n_vocab != n_vocab:
-        raise SynapseError(f"{kb.path}: inconsistent vocabulary: the base file has {kb.n_vocab} tokens, the model "
-                           f"{model.path.name} {n_vocab}; it was computed with another model's vocabulary")
-    ftoks = np.asarray(kb.tokens, dtype=np.int64)
-    if tokens is not None:
-        ids = _tokens_array(tokens, n_vocab, "kl_divergence")
-        n = min(ids.size, ftoks.size)
-        diff = np.flatnonzero(ids[:n] != ftoks[:n])
-        if diff.size or ids.size < ftoks.size:
-            at = int(diff[0]) if diff.size else n
-            raise SynapseError(f"{kb.path}: the base file's tokens are not this text's tokens (they differ from "
-                               f"token {at} on): it was computed on another text or with another tokenizer")
-    _tokens_array(ftoks, n_vocab, kb.path)
+    ftoks = check_kld_base(model, kb, tokens)
+    n_vocab = kb.n_vocab
     n_chunk = kb.n_chunk if chunks is None or chunks < 0 else min(int(chunks), kb.n_chunk)
     if n_chunk < 1:
         raise SynapseError("kl_divergence: --chunks must be >= 1")
