@@ -114,7 +114,7 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
             d = {"model": str(path), "base": str(kld_base), **res.to_dict()}
         else:
             stats = res.statistics_text()
-            out.write("\n" + (stats + "\n" if stats else ""))
+            out.write("\n" + (stats + "\n\n" if stats else "\n"))  # perplexity.cpp ends with LOG("\n") twice
             if not stats:
                 _log(f"kl_divergence: {res.count} scored tokens (< 100): no statistics, as llama-perplexity")
     t_end = time.perf_counter()
