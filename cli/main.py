@@ -385,6 +385,10 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
         if ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from cli import perplexity as _ppl
 
+            if logits_out is not None or prefill_check or tokenize_only:
+                raise click.UsageError("--perplexity / --kl-divergence do not combine with --logits-out, "
+                                       "--prefill-check or --tokenize")
+
             code = _ppl.run(model, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_div, tokens,
                             as_json, verbose)
         else:
