@@ -40,7 +40,6 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 

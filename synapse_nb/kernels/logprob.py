@@ -28,7 +28,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-_F32 = np.float32
 _M16 = np.float32(16.0)  # the 16-nat window of the base file
 _NEG16 = np.float32(-16.0)
 _Q_MAX = np.float32(65535.0)
