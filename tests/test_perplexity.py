@@ -4,7 +4,7 @@
   prefill reproduces): every printed [i] value, the final estimate and its error, to all printed
   digits. SmolLM2: all chunks at -c 128 and -c 256. Qwen2.5-Coder (3.5x slower per token): a
   prefix of the chunks (the [i] values are running values over chunks 1..i, so a prefix is checked
-  exactly); its full-text finals were checked by hand (see the report / README).
+  exactly); its full-text runs were checked by hand (README, Perplexity).
 - TOKENS.json: the tokens llama-perplexity evaluates for GPL-3.txt, both vocabularies.
 - The log-softmax kernels against a transcription of perplexity.cpp with libm's expf (ctypes).
 - .kld base files: a hand-made file (written here with struct, not by our writer) and hand-made
