@@ -317,7 +317,6 @@ def test_kld_round_trip_smollm2(tmp_path):
     assert abs(st["kld_mean"]) < 1e-5 and max(abs(st["kld_max"]), abs(st["kld_min"])) < 1.5e-4
     assert st["same_top"] == 1.0
     assert st["ppl_q"] == pytest.approx(res.ppl, rel=1e-6)  # our float NLL of the KLD path
-    assert f"{st['kld_mean']:.6f}" in ("0.000000", "-0.000000")
 
 
 # ------------------------------------------------------------------ CLI
