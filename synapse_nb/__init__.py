@@ -37,7 +37,6 @@ def load_tokenizer(path):
     return _load(path)
 
 
-
 def __getattr__(name):
     # synapse_nb.perplexity is the submodule, made callable (its __call__ is perplexity.perplexity):
     # a function of that name here would be replaced by the submodule as soon as it is imported.
