@@ -552,12 +552,20 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
               help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Batch mode on Ray: a local Ray, or join the cluster at ADDRESS (pip install 'synapse_nb[ray]').")
+@click.option("--perplexity", "ppl", is_flag=True,
+              help="Perplexity of the -f text as llama-perplexity computes it (-c default 512).")
+@click.option("--kl-divergence-base", "kld_base", type=str, default=None, metavar="FILE",
+              help="Alone: also write our log-probabilities to FILE (llama.cpp .kld, never overwrites); "
+                   "with --kl-divergence: the base file to compare against.")
+@click.option("--kl-divergence", "kl_div", is_flag=True,
+              help="KL divergence of our token distributions against --kl-divergence-base FILE.")
+@click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                  no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, prompt_opt,
                  conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
-                 workers, ray_address, **sampling):
+                 workers, ray_address, ppl, kld_base, kl_div, chunks, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -592,7 +600,16 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
             prompt = prompt_opt
-        if batch_in is not None or batch_out is not None or workers is not None or ray_address is not None:
+        if ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
+            from . import perplexity as _ppl
+
+            if logits_out is not None or prefill_check or tokenize_only:
+                raise click.UsageError("--perplexity / --kl-divergence do not combine with --logits-out, "
+                                       "--prefill-check or --tokenize")
+
+            code = _ppl.run(model, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_div, tokens,
+                            as_json, verbose)
+        elif batch_in is not None or batch_out is not None or workers is not None or ray_address is not None:
             from synapse_nb.sampling import given_options
 
             code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_predict=n_predict,

@@ -12,11 +12,12 @@ Modules, one concern each:
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
   chat        chat templates rendered as llama.cpp, conversations on one KV cache
+  perplexity  perplexity and KL divergence as llama-perplexity computes them
 """
 
 from .errors import SynapseError
 
-__all__ = ["SynapseError", "Sampler", "load_model", "load_tokenizer"]
+__all__ = ["SynapseError", "Sampler", "load_model", "load_tokenizer", "perplexity"]
 __version__ = "0.1.0"
 
 
@@ -44,4 +45,11 @@ def __getattr__(name):
         from .sampling import Sampler
 
         return Sampler
+    # synapse_nb.perplexity is the submodule, made callable (its __call__ is perplexity.perplexity):
+    # a function of that name here would be replaced by the submodule as soon as it is imported.
+    # Imported on first use, so that importing synapse_nb stays free of Numba.
+    if name == "perplexity":
+        import importlib
+
+        return importlib.import_module(".perplexity", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
