@@ -55,7 +55,9 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
             raise click.UsageError("--tokens replaces the text; give one or the other")
         ids = _parse_token_list(tokens)
     elif prompt is not None or file is not None:
-        text = _read_prompt(prompt, file)
+        # A perplexity text spans many contexts; it is still read bounded (-f /dev/zero fails at once):
+        # PPL_TEXT_LIMIT bytes, far more than any evaluation here reads in reasonable time.
+        text = _read_prompt(prompt, file, P.PPL_TEXT_LIMIT, n_ctx)
         if file is not None and text.endswith("\n"):
             text = text[:-1]  # -f drops exactly one trailing newline, as llama.cpp's -f does
         t_tok = time.perf_counter()
@@ -70,10 +72,9 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
         P.check_kld_base(model, kb, ids)
     t_loaded = time.perf_counter()
 
-    progress = _Compiling(verbose)
     t_c = time.perf_counter()
-    model.warmup(progress=progress)
-    progress.finish()
+    with _Compiling(verbose) as progress:
+        model.warmup(progress=progress)
     compile_s = time.perf_counter() - t_c
 
     out = sys.stdout

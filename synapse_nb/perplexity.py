@@ -47,6 +47,8 @@ from .errors import SynapseError
 
 __all__ = ["perplexity", "PerplexityResult", "kl_divergence", "KLDResult", "KLDAccumulator", "read_kld",
            "KLDBase", "kld_file_size", "DEFAULT_N_CTX"]
+# The most bytes of text --perplexity reads (1 GiB: about 250M tokens, days of evaluation here).
+PPL_TEXT_LIMIT = 1 << 30
 
 DEFAULT_N_CTX = 512  # llama-perplexity sets params.n_ctx = 512 before parsing the options
 KLD_MAGIC = b"_logits_"
