@@ -138,8 +138,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     from synapse_nb.models import resolve_model
     from synapse_nb.model import load_model
 
-    if n_predict < 0:
-        raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
+    if n_predict < -1:
+        raise click.BadParameter("must be >= 0, or -1 for no limit", param_hint="-n/--n-predict")
     if batch_size < 1:
         raise click.BadParameter("must be >= 1", param_hint="-b/--batch-size")
     if threads is not None and threads < 1:
@@ -187,10 +187,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_threads = threads or os.cpu_count() or 1
     hp = model.hparams
     n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
-    need = len(prompt_ids) + (0 if prefill_check else n_predict)
-    if need > n_ctx:  # before the KV cache is allocated
-        raise SynapseError(f"prompt ({len(prompt_ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the "
-                           f"context size n_ctx = {n_ctx}; raise -c/--ctx-size or shorten the prompt")
+    if len(prompt_ids) > n_ctx:  # before the KV cache is allocated; generation stops when the context is full
+        raise SynapseError(f"the prompt ({len(prompt_ids)} tokens) exceeds the context size n_ctx = {n_ctx}; "
+                           f"raise -c/--ctx-size or shorten the prompt")
     # KV cache: K and V per layer and position, F16 values kept as float32
     kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
     if kv_bytes > _physical_memory():
@@ -253,6 +252,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
                 if piece:
                     out.write(piece)
                     out.flush()
+        if session.stop_reason == "context":  # cached + generated tokens reached n_ctx
+            stop = "context"
     except KeyboardInterrupt:
         stop = "interrupted"
     t_e1 = time.perf_counter()
@@ -332,7 +333,8 @@ def _save_npy(dest: str, array) -> None:
 @click.argument("model")
 @click.argument("prompt", required=False)
 @click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
-@click.option("-n", "--n-predict", type=int, default=128, show_default=True, help="Tokens to generate.")
+@click.option("-n", "--n-predict", type=int, default=128, show_default=True,
+              help="Tokens to generate; -1: until end of generation or a full context.")
 @click.option("-c", "--ctx-size", type=int, default=None,
               help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")
 @click.option("-b", "--batch-size", type=int, default=64, show_default=True, help="Prefill batch size.")

@@ -62,6 +62,8 @@ class Session:
         self.cache = KVCache(hp, self.n_ctx)
         self.state = ForwardState(hp, self.n_batch)
         self._n_past = 0
+        # Why the last greedy_tokens run ended: "eog", "length" (n_predict reached), "context" (full).
+        self.stop_reason: str | None = None
 
     @property
     def n_past(self) -> int:
@@ -111,23 +113,26 @@ class Session:
     def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None) -> list[int]:
         """Greedy continuation: eval the prompt, then argmax (lowest id on ties) token by token.
 
-        Stops after n_predict tokens, or at an end-of-generation token of the vocabulary (which is
-        returned as the last token, not passed to on_token) unless ignore_eos. on_token(id) is
-        called for each other token as it is chosen. Raises SynapseError when n_past + prompt +
-        n_predict exceeds n_ctx (checked before anything is evaluated).
+        Stops after n_predict tokens (-1: no limit), at an end-of-generation token of the
+        vocabulary (which is returned as the last token, not passed to on_token) unless
+        ignore_eos, or when the context is full (see greedy_tokens); why is in self.stop_reason.
+        on_token(id) is called for each other token as it is chosen. Raises SynapseError when
+        n_predict < -1 or when n_past + the prompt exceed n_ctx (checked before anything is
+        evaluated).
         """
         prompt = list(prompt_tokens)
-        if n_predict < 0:
-            raise SynapseError(f"n_predict must be >= 0, got {n_predict}")
-        need = self._n_past + len(prompt) + n_predict
+        if n_predict < -1:
+            raise SynapseError(f"n_predict must be >= 0, or -1 for no limit, got {n_predict}")
+        need = self._n_past + len(prompt)
         if need > self.n_ctx:
-            raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt + {n_predict} "
-                               f"predicted tokens = {need} exceed n_ctx = {self.n_ctx}")
+            raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt tokens = {need} "
+                               f"exceed n_ctx = {self.n_ctx}")
         eog = self._eog_ids(ignore_eos)
         out: list[int] = []
         if n_predict == 0:
             if prompt:
                 self.eval(prompt)
+            self.stop_reason = "length"
             return out
         for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos):
             out.append(tok)
@@ -139,23 +144,39 @@ class Session:
         return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
 
     def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None):
-        """Yield up to n_predict greedy tokens continuing from ``logits`` (float32 [n_vocab], the
-        last evaluated position): argmax, the lowest id on ties.
+        """Yield greedy tokens continuing from ``logits`` (float32 [n_vocab], the last evaluated
+        position): argmax, the lowest id on ties.
 
         Each token is yielded before it is evaluated, so a caller can stream it; it is then
         appended to the cache and its logits (float32 [n_vocab]) passed to on_logits(row), if
-        given. The last token (the n_predict-th, or an end-of-generation token unless ignore_eos)
-        is yielded and not evaluated. The caller checks that the cache has room.
+        given. Stops after n_predict tokens (-1: no limit), after an end-of-generation token
+        unless ignore_eos, or when the context is full: as llama-completion without context
+        shift, cached + generated tokens never exceed n_ctx (n_ctx - n_past tokens at most). The
+        last token is yielded and not evaluated. On return self.stop_reason is "eog", "length"
+        or "context" (the first that applies, in this order).
         """
         eog = self._eog_ids(ignore_eos)
-        for i in range(n_predict):
+        self.stop_reason = None
+        if n_predict == 0:
+            self.stop_reason = "length"
+            return
+        i = 0
+        while self._n_past < self.n_ctx:
             tok = int(np.argmax(logits))  # first maximum: lowest id on ties
+            i += 1
             yield tok
-            if tok in eog or i == n_predict - 1:
+            if tok in eog:
+                self.stop_reason = "eog"
                 return
+            if i == n_predict:
+                self.stop_reason = "length"
+                return
+            if self._n_past + 1 >= self.n_ctx:
+                break  # this token took the last position: llama-completion's "context full"
             logits = self.eval([tok])
             if on_logits is not None:
                 on_logits(logits)
+        self.stop_reason = "context"
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,10 @@ def test_context_overflow_is_a_clear_error():
         s.eval([3])
     s.reset()
     with pytest.raises(SynapseError, match="exceed n_ctx = 64"):
-        s.generate(prompt(40), n_predict=30, ignore_eos=True)
+        s.generate(prompt(65), n_predict=1, ignore_eos=True)  # only a prompt that does not fit is refused
+    assert s.n_past == 0
+    with pytest.raises(SynapseError, match="n_predict"):
+        s.generate(prompt(5), n_predict=-2)
     assert s.n_past == 0
 
 
@@ -230,10 +233,34 @@ def test_generate_stops_at_end_of_generation(monkeypatch):
 
     monkeypatch.setattr(Session, "eval", eos_after_3)
     seen = []
-    got = m.new_session(n_ctx=64).generate(prompt(20), 10, on_token=seen.append)
-    assert got[-1] == eos and len(got) == 4 and seen == got[:-1]
+    s = m.new_session(n_ctx=64)
+    got = s.generate(prompt(20), 10, on_token=seen.append)
+    assert got[-1] == eos and len(got) == 4 and seen == got[:-1] and s.stop_reason == "eog"
     got = m.new_session(n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
     assert len(got) == 10 and got[3:] == [eos] * 7
+
+
+def test_generate_stops_when_the_context_is_full():
+    # llama.cpp's greedy continuation of the text prompt (59 tokens): clear margins throughout.
+    # As llama-completion without context shift: cached + generated tokens <= n_ctx.
+    name = "tiny-qwen2-f32"
+    g = np.load(TINY / "goldens" / f"{name}.npz")
+    toks, want = g["text_tokens"].tolist(), g["text_greedy"].tolist()
+    s = model(name).new_session(n_ctx=len(toks) + 7)
+    got = s.generate(toks, 30, ignore_eos=True)
+    assert got == want[:7] and s.stop_reason == "context"
+    assert s.n_past == len(toks) + 6  # the last token takes the last position and is not evaluated
+    s = model(name).new_session(n_ctx=len(toks) + 7)  # -1: no limit, the context decides
+    assert s.generate(toks, -1, ignore_eos=True) == want[:7] and s.stop_reason == "context"
+    s = model(name).new_session(n_ctx=len(toks) + 7)  # both limits at once: n_predict wins, as llama.cpp
+    assert s.generate(toks, 7, ignore_eos=True) == want[:7] and s.stop_reason == "length"
+    s = model(name).new_session(n_ctx=len(toks) + 7)
+    assert s.generate(toks, 6, ignore_eos=True) == want[:6] and s.stop_reason == "length"
+    s = model(name).new_session(n_ctx=len(toks))  # a prompt that fills the context: nothing generated
+    assert s.generate(toks, 5, ignore_eos=True) == [] and s.stop_reason == "context"
+    s = model(name).new_session(n_ctx=len(toks) + 1)
+    assert s.generate(toks, 5, ignore_eos=True) == want[:1] and s.stop_reason == "context"
+    assert s.n_past == len(toks)
 
 
 def test_warmup_reports_progress_and_leaves_no_state():
