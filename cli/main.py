@@ -213,9 +213,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         from synapse_nb.session import prefill_check as _check
 
         del session  # prefill_check makes its own two sessions
-        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) then one by one...")
+        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) and one by one, "
+             f"compared batch by batch...")
         t_k = time.perf_counter()
-        result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+        result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size,
+                        progress=_check_progress(t_k))
         _log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
         click.echo(str(result))
         return 0 if result.ok else 1
@@ -293,6 +295,23 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
          f" ({timings['eval_tokens_per_s'] or 0:8.2f} tokens per second)")
     _log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} thread{'s' if n_threads != 1 else ''}")
     return EXIT_INTERRUPTED if stop == "interrupted" else 0
+
+
+def _check_progress(t0: float):
+    """prefill_check's progress(done, total) on stderr: redrawn per batch on a terminal, else a
+    line at every tenth of the prompt."""
+    tty = sys.stderr.isatty()
+    shown = [0]
+
+    def progress(done: int, total: int) -> None:
+        line = f"prefill check: {done}/{total} tokens compared, {time.perf_counter() - t0:.1f} s"
+        if tty:
+            _log("\r" + line + ("\n" if done >= total else "\x1b[K"), end="")
+        elif done >= total or done * 10 // total > shown[0]:
+            shown[0] = done * 10 // total
+            _log(line)
+
+    return progress
 
 
 def _check_output(dest: str, inputs) -> None:

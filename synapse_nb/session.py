@@ -223,29 +223,50 @@ def _first_cache_diff(kind: str, a: np.ndarray, b: np.ndarray, transposed: bool)
     return None
 
 
+def first_row_diff(position: int, batched: np.ndarray, single: np.ndarray):
+    """First bit difference of two logits rows (float32 [n_vocab]) at ``position``.
+
+    Returns (position, vocab id, batched value, token-by-token value) of the lowest differing id
+    (bit patterns compared: -0.0 differs from 0.0, NaNs compare by payload), or None when the
+    rows are bit-identical.
+    """
+    neq = batched.view(np.uint32) != single.view(np.uint32)
+    if not neq.any():
+        return None
+    i = int(np.argmax(neq))  # first True
+    return (int(position), i, float(batched[i]), float(single[i]))
+
+
 def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int | None = None,
-                  n_batch: int = DEFAULT_N_BATCH) -> PrefillCheckResult:
+                  n_batch: int = DEFAULT_N_BATCH, progress=None) -> PrefillCheckResult:
     """Run tokens once by batched prefill and once token by token; compare bit for bit.
 
     Compares the logits at every position and the whole K/V cache (positions 0..n-1 of every
-    layer). n_ctx defaults to max(len(tokens), the model's default). Returns a
-    PrefillCheckResult (str() is the one-line report). Raises SynapseError on bad tokens.
+    layer). The two sessions advance together, one batch at a time: the batch's logits rows
+    [n_batch, n_vocab] are compared with the token-by-token rows as those are produced, so memory
+    does not grow with the prompt and the time is one batched prefill plus one token-by-token
+    pass. progress(done, total) is called after each batch, if given. n_ctx defaults to
+    max(len(tokens), the model's default). Returns a PrefillCheckResult (str() is the one-line
+    report). Raises SynapseError on bad tokens.
     """
     ids = list(tokens)
     if n_ctx is None:
         n_ctx = max(len(ids), min(model.hparams.n_ctx_train, DEFAULT_N_CTX_MAX))
     batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-    lb = batched.eval(ids, all_logits=True)
     single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1)
-    ls = np.empty_like(lb)
-    for i, t in enumerate(ids):
-        ls[i] = single.eval([t])
     n = len(ids)
+    if n == 0:
+        batched.eval(ids)  # raises the empty-prompt error
     logits_diff = None
-    neq = lb.view(np.uint32) != ls.view(np.uint32)
-    if neq.any():
-        p, i = (int(v) for v in np.argwhere(neq)[0])
-        logits_diff = (p, i, float(lb[p, i]), float(ls[p, i]))
+    for b0 in range(0, n, batched.n_batch):
+        chunk = ids[b0:b0 + batched.n_batch]
+        lb = batched.eval(chunk, all_logits=True)
+        for t, tok in enumerate(chunk):
+            ls = single.eval([tok])
+            if logits_diff is None:
+                logits_diff = first_row_diff(b0 + t, lb[t], ls)
+        if progress is not None:
+            progress(b0 + len(chunk), n)
     cache_diff = (_first_cache_diff("K", batched.cache.kf[:, :, :n], single.cache.kf[:, :, :n], True)
                   or _first_cache_diff("V", batched.cache.vf[:, :n], single.cache.vf[:, :n], False))
     return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,

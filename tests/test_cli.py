@@ -190,6 +190,8 @@ def test_prefill_check_ok_on_tiny():
     res = run(TINY / "tiny-qwen2-q4_k_m.gguf", "--tokens", ids, "--prefill-check", "-t", "2")
     assert res.returncode == 0, res.stderr.decode()
     assert b"OK" in res.stdout
+    assert b"prefill check: 64/70 tokens compared" in res.stderr  # progress, batch by batch
+    assert b"prefill check: 70/70 tokens compared" in res.stderr
 
 
 def test_tokens_json_matches_golden_greedy_on_tiny(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from synapse_nb import SynapseError
 from synapse_nb.model import load_model
-from synapse_nb.session import Session, prefill_check
+from synapse_nb.session import Session, first_row_diff, prefill_check
 
 TINY = Path(__file__).parent / "data" / "tiny"
 ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
@@ -104,6 +104,45 @@ def test_prefill_check_reports_cache_difference(monkeypatch):
     assert not res.ok and res.logits_diff is None
     assert res.cache_diff[:4] == ("V", 1, 3, 7)
     assert "layer 1, position 3" in str(res)
+
+
+def test_first_row_diff_reports_the_first_differing_logit():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(N_VOCAB).astype(np.float32)
+    assert first_row_diff(7, a, a.copy()) is None
+    b = a.copy()
+    b[300] = np.nextafter(b[300], np.float32(np.inf))  # one ulp
+    b[400] = -b[400]
+    assert first_row_diff(2999, a, b) == (2999, 300, float(a[300]), float(b[300]))
+    z, nz = np.zeros(N_VOCAB, np.float32), np.zeros(N_VOCAB, np.float32)
+    nz[11] = -0.0  # equal as floats, different bits: a difference
+    assert first_row_diff(0, z, nz)[:2] == (0, 11)
+
+
+def test_prefill_check_compares_batch_by_batch_with_progress():
+    calls = []
+    res = prefill_check(model("tiny-llama-q8_0"), prompt(150), n_ctx=160, n_batch=64,
+                        progress=lambda done, total: calls.append((done, total)))
+    assert res.ok, str(res)
+    assert calls == [(64, 150), (128, 150), (150, 150)]
+
+
+def test_prefill_check_reports_a_late_logit_difference(monkeypatch):
+    # a difference in the third batch, after two identical ones: reported with its position
+    m = model("tiny-llama-f32")
+    real = type(m).forward
+
+    def perturbed(self, st, cache, tokens, n_past, all_logits, want_logits=True):
+        out = real(self, st, cache, tokens, n_past, all_logits, want_logits)
+        if len(tokens) > 1 and n_past == 128:
+            out[5, 17] = np.nextafter(out[5, 17], np.float32(-np.inf))
+        return out
+
+    monkeypatch.setattr(type(m), "forward", perturbed)
+    res = prefill_check(m, prompt(150), n_ctx=160)
+    assert not res.ok and res.cache_diff is None
+    assert res.logits_diff[:2] == (133, 17) and res.logits_diff[2] < res.logits_diff[3]
+    assert "position 133 (vocab id 17)" in str(res)
 
 
 def test_eval_shapes_and_n_past():
