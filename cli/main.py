@@ -190,8 +190,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if len(prompt_ids) > n_ctx:  # before the KV cache is allocated; generation stops when the context is full
         raise SynapseError(f"the prompt ({len(prompt_ids)} tokens) exceeds the context size n_ctx = {n_ctx}; "
                            f"raise -c/--ctx-size or shorten the prompt")
-    # KV cache: K and V per layer and position, F16 values kept as float32
-    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
+    # KV cache: K and V per layer and position, F16 (2 bytes), as llama.cpp's
+    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
     if kv_bytes > _physical_memory():
         raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
                            f"this machine's memory; use a smaller context")

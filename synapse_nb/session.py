@@ -211,14 +211,15 @@ class PrefillCheckResult:
         return f"prefill check FAILED ({self.n_tokens} tokens, batches of {self.n_batch}): " + "; ".join(parts)
 
 
-def _first_cache_diff(kind: str, a: np.ndarray, b: np.ndarray, transposed: bool):
-    """First differing entry of two [n_layer, ...] caches (F16 values as float32), by layer then position."""
-    for il in range(a.shape[0]):
-        x, y = (a[il].T, b[il].T) if transposed else (a[il], b[il])  # -> [position, channel]
-        diff = np.argwhere(x.view(np.uint32) != y.view(np.uint32))
+def _first_cache_diff(kind: str, a, b, n_layer: int, n: int):
+    """First differing entry of two caches' K or V (a, b: KVCache.k_rows or v_rows of each), by
+    layer then position then channel; the values are reported as floats (the F16 values)."""
+    for il in range(n_layer):
+        x, y = a(il, n), b(il, n)  # F16 bits [position, channel]
+        diff = np.argwhere(x != y)
         if diff.size:
             p, c = (int(v) for v in diff[0])
-            fa, fb = x[p, c], y[p, c]
+            fa, fb = x[p:p + 1, c].view(np.float16)[0], y[p:p + 1, c].view(np.float16)[0]
             return (kind, il, p, c, float(fa), float(fb))
     return None
 
@@ -267,7 +268,8 @@ def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int
                 logits_diff = first_row_diff(b0 + t, lb[t], ls)
         if progress is not None:
             progress(b0 + len(chunk), n)
-    cache_diff = (_first_cache_diff("K", batched.cache.kf[:, :, :n], single.cache.kf[:, :, :n], True)
-                  or _first_cache_diff("V", batched.cache.vf[:, :n], single.cache.vf[:, :n], False))
+    n_layer = model.hparams.n_layer
+    cache_diff = (_first_cache_diff("K", batched.cache.k_rows, single.cache.k_rows, n_layer, n)
+                  or _first_cache_diff("V", batched.cache.v_rows, single.cache.v_rows, n_layer, n))
     return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,
                               logits_diff=logits_diff, cache_diff=cache_diff)
