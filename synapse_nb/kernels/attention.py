@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .common import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, reduce_add_16
-from .ops import v_expf
+from .ops import v_expf, v_expf_normal
 
 _F32 = np.float32
 
@@ -90,6 +90,92 @@ def _reduce_lanes64(r, acc, n):
         r[0, j] = (r[0, j] + r[2, j]) + (r[1, j] + r[3, j])
 
 
+@njit(cache=True, error_model="numpy")
+def _qk_scores(sd, kc, qh, n_kv, k0, head_dim_k, a, r):
+    """sd[j] = K[j] . qh (ggml_vec_dot_f16, as double) for j < n_kv: lane l of 64 takes dims i + l,
+    by fma, kept for the 64 positions of one K tile at a time (a: scratch [64, 64], r: [16, 64]);
+    dims past the last 64-step are added in double. kc: uint16 [n_ctx / 64, n_embd_k, 64]."""
+    hd64 = head_dim_k - head_dim_k % 64
+    for c in range(0, n_kv, KT):
+        blk = c // KT
+        nb = min(KT, n_kv - c)
+        for l in range(64):
+            for j in range(nb):
+                a[l, j] = _F32(0.0)
+        for i in range(0, hd64, 64):
+            for l in range(64):
+                qv = qh[i + l]
+                kr = kc[blk, k0 + i + l]  # row views: see _pv
+                ar = a[l]
+                for j in range(nb):
+                    ar[j] = fma32(f16_to_f32(kr[j]), qv, ar[j])
+        _reduce_lanes64(r, a, nb)
+        for j in range(nb):
+            sd[c + j] = np.float64(r[0, j])
+        for i in range(hd64, head_dim_k):  # leftovers, added in double
+            qv = qh[i]
+            for j in range(nb):
+                sd[c + j] += np.float64(f16_to_f32(kc[blk, k0 + i, j]) * qv)
+
+
+@njit(cache=True, error_model="numpy")
+def _softmax(w, pr, sd, n_kv, kq_scale, lanes):
+    """w[:n_kv] = F16-rounded softmax of sd[:n_kv] * kq_scale (ggml_compute_forward_soft_max_f32
+    with a zero mask). w, pr: float32 scratch [>= n_kv rounded up to 16]; lanes: [16]."""
+    n_kv16 = (n_kv + 15) // 16 * 16
+    # soft_max_ext: scaled (ggml_vec_scale_f32), + mask 0, max
+    mx = _F32(-np.inf)
+    for j in range(n_kv):
+        s = _F32(sd[j]) * kq_scale
+        w[j] = s
+        mx = max(mx, s)
+    # exp(w - max): ggml_v_expf per 16-lane chunk (here a vectorizable loop on its common path,
+    # v_expf itself for the rare lanes off it), chunk sums reduced in float, added in double
+    n_off = 0
+    for j in range(n_kv):
+        e, ok = v_expf_normal(w[j] - mx)
+        pr[j] = e
+        n_off += np.int32(0) if ok else np.int32(1)
+    if n_off:
+        for j in range(n_kv):
+            e, ok = v_expf_normal(w[j] - mx)
+            if not ok:
+                pr[j] = v_expf(w[j] - mx)
+    for j in range(n_kv, n_kv16):
+        pr[j] = _F32(0.0)
+    total = 0.0
+    for c in range(0, n_kv16, 16):
+        for l in range(16):
+            lanes[l] = pr[c + l]
+        total += np.float64(reduce_add_16(lanes))
+    inv = _F32(1.0 / total)
+    # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
+    for j in range(n_kv):
+        w[j] = _f16_round(pr[j] * inv)
+
+
+@njit(cache=True, error_model="numpy")
+def _pv(out, t, o0, vc, w, n_kv, v0, head_dim_v, b, rv):
+    """out[t, o0 + d] = V^T[d] . w (ggml_vec_dot_f16) for d < head_dim_v: lane l of 64 takes
+    positions c + l, by fma (b: scratch [64, head_dim_v], rv: [16, head_dim_v]); cells past
+    n_kv add nothing. vc: uint16 [n_ctx, n_embd_v]."""
+    for l in range(64):
+        for d in range(head_dim_v):
+            b[l, d] = _F32(0.0)
+    # Rows of V and of b as views, indexed by the loop counter alone: an index like v0 + d makes
+    # Numba test it for wraparound on every element, which keeps LLVM from vectorizing (8x slower).
+    for c in range(0, n_kv, 64):
+        for l in range(min(64, n_kv - c)):
+            wl = w[c + l]
+            vr = vc[c + l, v0:v0 + head_dim_v]
+            br = b[l]
+            for d in range(head_dim_v):
+                br[d] = fma32(f16_to_f32(vr[d]), wl, br[d])
+    _reduce_lanes64(rv, b, head_dim_v)
+    for d in range(head_dim_v):
+        out[t, o0 + d] = rv[0, d]
+
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th):
     """Attention of query head h for row t (th = t * n_head + h), reading KV head h // gqa.
@@ -103,80 +189,20 @@ def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v
     t = th // n_head
     h = th % n_head
     kvh = h // gqa
-    p = pos0 + t
-    n_kv = p + 1
+    n_kv = pos0 + t + 1
     n_kv16 = (n_kv + 15) // 16 * 16
-    k0 = kvh * head_dim_k
-    v0 = kvh * head_dim_v
-    hd64 = head_dim_k - head_dim_k % 64
-    n64 = n_kv - n_kv % 64
-    lanes = np.empty(16, np.float32)
     qh = np.empty(head_dim_k, np.float32)
-    w = np.empty(n_kv16, np.float32)
-    a = np.empty((64, KT), np.float32)  # q.k lane accumulators of one tile's positions
-    r = np.empty((16, KT), np.float32)
     sd = np.empty(n_kv, np.float64)
-    b = np.empty((64, head_dim_v), np.float32)  # p.V lane accumulators, per channel
-    rv = np.empty((16, head_dim_v), np.float32)
+    w = np.empty(n_kv16, np.float32)  # scaled scores, then probabilities
+    pr = np.empty(n_kv16, np.float32)  # exp(score - max)
     # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
     for i in range(head_dim_k):
         qh[i] = _f16_round(q[t, h * head_dim_k + i])
-    # scores kq[j] = K[j] . q (ggml_vec_dot_f16): lane l of 64 takes dims i + l, by fma
-    for c in range(0, n_kv, KT):
-        blk = c // KT
-        nb = min(KT, n_kv - c)
-        for l in range(64):
-            for j in range(nb):
-                a[l, j] = _F32(0.0)
-        for i in range(0, hd64, 64):
-            for l in range(64):
-                qv = qh[i + l]
-                for j in range(nb):
-                    a[l, j] = fma32(f16_to_f32(kc[blk, k0 + i + l, j]), qv, a[l, j])
-        _reduce_lanes64(r, a, nb)
-        for j in range(nb):
-            sd[c + j] = np.float64(r[0, j])
-        for i in range(hd64, head_dim_k):  # leftovers, added in double
-            qv = qh[i]
-            for j in range(nb):
-                sd[c + j] += np.float64(f16_to_f32(kc[blk, k0 + i, j]) * qv)
-    # soft_max_ext: scaled (ggml_vec_scale_f32), + mask 0, max
-    mx = _F32(-np.inf)
-    for j in range(n_kv):
-        s = _F32(sd[j]) * kq_scale
-        w[j] = s
-        mx = max(mx, s)
-    # exp(w - max): ggml_v_expf per 16-lane chunk, chunk sums reduced in float, added in double
-    for j in range(n_kv):
-        w[j] = v_expf(w[j] - mx)
-    for j in range(n_kv, n_kv16):
-        w[j] = _F32(0.0)
-    total = 0.0
-    for c in range(0, n_kv16, 16):
-        for l in range(16):
-            lanes[l] = w[c + l]
-        total += np.float64(reduce_add_16(lanes))
-    inv = _F32(1.0 / total)
-    # probabilities rounded to F16 (mul_mat with the F16 V cache converts src1)
-    for j in range(n_kv):
-        w[j] = _f16_round(w[j] * inv)
-    # kqv[d] = V^T[d] . p: lane l of 64 takes positions c + l, by fma; cells past p add nothing
-    for l in range(64):
-        for d in range(head_dim_v):
-            b[l, d] = _F32(0.0)
-    for c in range(0, n64, 64):
-        for l in range(64):
-            wl = w[c + l]
-            for d in range(head_dim_v):
-                b[l, d] = fma32(f16_to_f32(vc[c + l, v0 + d]), wl, b[l, d])
-    for l in range(n_kv - n64):
-        wl = w[n64 + l]
-        for d in range(head_dim_v):
-            b[l, d] = fma32(f16_to_f32(vc[n64 + l, v0 + d]), wl, b[l, d])
-    _reduce_lanes64(rv, b, head_dim_v)
-    o0 = h * head_dim_v
-    for d in range(head_dim_v):
-        out[t, o0 + d] = rv[0, d]
+    _qk_scores(sd, kc, qh, n_kv, kvh * head_dim_k, head_dim_k, np.empty((64, KT), np.float32),
+               np.empty((16, KT), np.float32))
+    _softmax(w, pr, sd, n_kv, kq_scale, np.empty(16, np.float32))
+    _pv(out, t, h * head_dim_v, vc, w, n_kv, kvh * head_dim_v, head_dim_v,
+        np.empty((64, head_dim_v), np.float32), np.empty((16, head_dim_v), np.float32))
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
