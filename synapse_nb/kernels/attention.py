@@ -73,13 +73,8 @@ def store_kv(k_cache, v_cache, k, v, pos0):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _reduce_lanes64(r, acc, n):
-    """r[0, :n] = ggml's reduction of the 64 lane accumulators acc[:, :n] of ggml_vec_dot_f16:
-    GGML_F32x16_REDUCE, (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps's tree (r is
-    scratch [16, >= n])."""
-    for l in range(16):
-        for j in range(n):
-            r[l, j] = (acc[l, j] + acc[32 + l, j]) + (acc[16 + l, j] + acc[48 + l, j])
+def _reduce_r16(r, n):
+    """r[0, :n] = _mm512_reduce_add_ps's tree over the 16 lanes r[:, :n] (r[1:] is clobbered)."""
     for l in range(8):
         for j in range(n):
             r[l, j] = r[8 + l, j] + r[l, j]
@@ -90,12 +85,43 @@ def _reduce_lanes64(r, acc, n):
         r[0, j] = (r[0, j] + r[2, j]) + (r[1, j] + r[3, j])
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _reduce_lanes64(r, acc, n):
+    """r[0, :n] = ggml's reduction of the 64 lane accumulators acc[:, :n] of ggml_vec_dot_f16:
+    GGML_F32x16_REDUCE, (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps's tree (r is
+    scratch [16, >= n])."""
+    for l in range(16):
+        for j in range(n):
+            r[l, j] = (acc[l, j] + acc[32 + l, j]) + (acc[16 + l, j] + acc[48 + l, j])
+    _reduce_r16(r, n)
+
+
 @njit(cache=True, error_model="numpy")
 def _qk_scores(sd, kc, qh, n_kv, k0, head_dim_k, a, r):
     """sd[j] = K[j] . qh (ggml_vec_dot_f16, as double) for j < n_kv: lane l of 64 takes dims i + l,
     by fma, kept for the 64 positions of one K tile at a time (a: scratch [64, 64], r: [16, 64]);
     dims past the last 64-step are added in double. kc: uint16 [n_ctx / 64, n_embd_k, 64]."""
     hd64 = head_dim_k - head_dim_k % 64
+    if head_dim_k == 64:
+        # One 64-step: lane l holds fma(k_l, q_l, 0), and GGML_F32x16_REDUCE's first stage
+        # (acc0 + acc2) + (acc1 + acc3) is taken at once, lanes l, 32 + l, 16 + l, 48 + l: the
+        # same operations, without a round trip of the 64 lanes through memory.
+        z = _F32(0.0)
+        for c in range(0, n_kv, KT):
+            blk = c // KT
+            nb = min(KT, n_kv - c)
+            for l in range(16):
+                ka, kb = kc[blk, k0 + l], kc[blk, k0 + 16 + l]
+                kc_, kd = kc[blk, k0 + 32 + l], kc[blk, k0 + 48 + l]
+                qa, qb, qc, qd = qh[l], qh[16 + l], qh[32 + l], qh[48 + l]
+                rr = r[l]
+                for j in range(nb):
+                    rr[j] = ((fma32(f16_to_f32(ka[j]), qa, z) + fma32(f16_to_f32(kc_[j]), qc, z))
+                             + (fma32(f16_to_f32(kb[j]), qb, z) + fma32(f16_to_f32(kd[j]), qd, z)))
+            _reduce_r16(r, nb)
+            for j in range(nb):
+                sd[c + j] = np.float64(r[0, j])
+        return
     for c in range(0, n_kv, KT):
         blk = c // KT
         nb = min(KT, n_kv - c)
