@@ -176,8 +176,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if chat is not None and (chat["system_prompt"] is not None or chat["chat_template_file"] is not None):
         raise click.UsageError("-sys/--system-prompt and --chat-template-file apply to -cnv/--conversation or "
                                "-st/--single-turn")
-    if n_predict < 0:
-        raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
+    if n_predict < -1:
+        raise click.BadParameter("must be >= 0, or -1 for no limit", param_hint="-n/--n-predict")
     if batch_size < 1:
         raise click.BadParameter("must be >= 1", param_hint="-b/--batch-size")
     if threads is not None and threads < 1:
@@ -228,12 +228,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_threads = threads or os.cpu_count() or 1
     hp = model.hparams
     n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
-    need = len(prompt_ids) + (0 if prefill_check else n_predict)
-    if need > n_ctx:  # before the KV cache is allocated
-        raise SynapseError(f"prompt ({len(prompt_ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the "
-                           f"context size n_ctx = {n_ctx}; raise -c/--ctx-size or shorten the prompt")
-    # KV cache: K and V per layer and position, F16 values kept as float32
-    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
+    if len(prompt_ids) > n_ctx:  # before the KV cache is allocated; generation stops when the context is full
+        raise SynapseError(f"the prompt ({len(prompt_ids)} tokens) exceeds the context size n_ctx = {n_ctx}; "
+                           f"raise -c/--ctx-size or shorten the prompt")
+    # KV cache: K and V per layer and position, F16 (2 bytes), as llama.cpp's
+    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
     if kv_bytes > _physical_memory():
         raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
                            f"this machine's memory; use a smaller context")
@@ -266,9 +265,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         from synapse_nb.session import prefill_check as _check
 
         del session  # prefill_check makes its own two sessions
-        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) then one by one...")
+        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) and one by one, "
+             f"compared batch by batch...")
         t_k = time.perf_counter()
-        result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+        result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size,
+                        progress=_check_progress(t_k))
         _log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
         click.echo(str(result))
         return 0 if result.ok else 1
@@ -317,6 +318,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
                 if piece:
                     out.write(piece)
                     out.flush()
+        if session.stop_reason == "context":  # cached + generated tokens reached n_ctx
+            stop = "context"
     except KeyboardInterrupt:
         stop = "interrupted"
     t_e1 = time.perf_counter()
@@ -419,6 +422,23 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
                             as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler)
 
 
+def _check_progress(t0: float):
+    """prefill_check's progress(done, total) on stderr: redrawn per batch on a terminal, else a
+    line at every tenth of the prompt."""
+    tty = sys.stderr.isatty()
+    shown = [0]
+
+    def progress(done: int, total: int) -> None:
+        line = f"prefill check: {done}/{total} tokens compared, {time.perf_counter() - t0:.1f} s"
+        if tty:
+            _log("\r" + line + ("\n" if done >= total else "\x1b[K"), end="")
+        elif done >= total or done * 10 // total > shown[0]:
+            shown[0] = done * 10 // total
+            _log(line)
+
+    return progress
+
+
 def _check_output(dest: str, inputs) -> None:
     """--logits-out must not be an input (the model, the -f prompt file) nor any existing file."""
     from synapse_nb import SynapseError
@@ -515,7 +535,8 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 @click.argument("model")
 @click.argument("prompt", required=False)
 @click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
-@click.option("-n", "--n-predict", type=int, default=128, show_default=True, help="Tokens to generate.")
+@click.option("-n", "--n-predict", type=int, default=128, show_default=True,
+              help="Tokens to generate; -1: until end of generation or a full context.")
 @click.option("-c", "--ctx-size", type=int, default=None,
               help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")
 @click.option("-b", "--batch-size", type=int, default=64, show_default=True, help="Prefill batch size.")

@@ -123,18 +123,32 @@ def _lazy_zeros(shape, dtype) -> np.ndarray:
 
 
 class KVCache:
-    """The F16 KV cache of a session: every entry rounded to F16 as llama.cpp's cache stores it.
+    """The F16 KV cache of a session, in llama.cpp's bytes: every entry rounded to F16 as
+    llama.cpp's cache stores it, kept as F16 bits.
 
-    kf: float32 [n_layer, n_head_kv * head_dim_k, n_ctx] and vf: float32 [n_layer, n_ctx,
-    n_head_kv * head_dim_v]: the F16 values expanded to float (exact), in the layouts the
-    attention's loops want; written once per token by store_kv, so no F16 is expanded twice.
-    Zero-initialised, like llama.cpp's buffer clear.
+    k: uint16 [n_layer, ceil(n_ctx / 64), n_head_kv * head_dim_k, 64]: K in tiles of 64 positions
+    (position p of layer il at k[il, p // 64, :, p % 64]), the layout the q.k loops want;
+    v: uint16 [n_layer, n_ctx, n_head_kv * head_dim_v], as llama.cpp's V. n_layer x n_ctx x
+    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64 for K), zero-initialised like
+    llama.cpp's buffer clear, committed page by page as positions are written (_lazy_zeros).
     """
 
     def __init__(self, hp: HParams, n_ctx: int):
+        from .kernels.attention import KT
+
         self.n_ctx = n_ctx
-        self.kf = _lazy_zeros((hp.n_layer, hp.n_head_kv * hp.head_dim_k, n_ctx), np.float32)
-        self.vf = _lazy_zeros((hp.n_layer, n_ctx, hp.n_head_kv * hp.head_dim_v), np.float32)
+        n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
+        self.k = _lazy_zeros((hp.n_layer, (n_ctx + KT - 1) // KT, n_embd_k, KT), np.uint16)
+        self.v = _lazy_zeros((hp.n_layer, n_ctx, n_embd_v), np.uint16)
+
+    def k_rows(self, il: int, n: int) -> np.ndarray:
+        """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy)."""
+        kt = self.k[il]
+        return np.ascontiguousarray(kt.transpose(0, 2, 1).reshape(-1, kt.shape[1])[:n])
+
+    def v_rows(self, il: int, n: int) -> np.ndarray:
+        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a view)."""
+        return self.v[il, :n]
 
 
 class ForwardState:
@@ -214,7 +228,7 @@ class Model:
             ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
             ("single-token forward (serial kernels)", lambda: s.eval([0])),
             ("parallel attention", lambda: _attn._attention_par(
-                out, q, s.cache.kf[0], s.cache.vf[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                 hp.head_dim_v, self._kq_scale)),
         ]
         for i, (name, run) in enumerate(steps):
@@ -285,8 +299,8 @@ class Model:
             # mistral3: q scaled by the attention temperature of its position (after RoPE)
             if hp.attn_temp_scale != 0.0:
                 q *= st.temp[:n]
-            # Append k, v to this layer's cache as F16 (V transposed)
-            _attn.store_kv(cache.kf[il], cache.vf[il], k, v, n_past)
+            # Append k, v to this layer's cache as F16
+            _attn.store_kv(cache.k[il], cache.v[il], k, v, n_past)
             pos_q = n_past
             if il == hp.n_layer - 1:
                 if not want_logits:
@@ -297,7 +311,7 @@ class Model:
                     q, attn, x, h, o, gate, up, act = (a[-1:] for a in (q, attn, x, h, o, gate, up, act))
                     pos_q = n_past + n - 1
             # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-            _attn.attention_rows(attn, q, cache.kf[il], cache.vf[il], pos_q, hp.n_head, hp.n_head_kv,
+            _attn.attention_rows(attn, q, cache.k[il], cache.v[il], pos_q, hp.n_head, hp.n_head_kv,
                                  hp.head_dim_k, hp.head_dim_v, self._kq_scale)
             # Output projection (+ bias)
             L.wo.matmul(attn, o)

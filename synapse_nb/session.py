@@ -62,6 +62,8 @@ class Session:
         self.cache = KVCache(hp, self.n_ctx)
         self.state = ForwardState(hp, self.n_batch)
         self._n_past = 0
+        # Why the last greedy_tokens run ended: "eog", "length" (n_predict reached), "context" (full).
+        self.stop_reason: str | None = None
 
     @property
     def n_past(self) -> int:
@@ -120,22 +122,24 @@ class Session:
                  sampler=None) -> list[int]:
         """Greedy continuation: eval the prompt, then argmax (lowest id on ties) token by token.
 
-        Stops after n_predict tokens, or at an end-of-generation token of the vocabulary (which is
-        returned as the last token, not passed to on_token) unless ignore_eos. on_token(id) is
-        called for each other token as it is chosen. Raises SynapseError when n_past + prompt +
-        n_predict exceeds n_ctx (checked before anything is evaluated).
+        Stops after n_predict tokens (-1: no limit), at an end-of-generation token of the
+        vocabulary (which is returned as the last token, not passed to on_token) unless
+        ignore_eos, or when the context is full (see greedy_tokens); why is in self.stop_reason.
+        on_token(id) is called for each other token as it is chosen. Raises SynapseError when
+        n_predict < -1 or when n_past + the prompt exceed n_ctx (checked before anything is
+        evaluated).
 
         sampler: a synapse_nb.Sampler to draw the tokens instead of argmax; the prompt tokens are
         passed to its accept() first, as llama-completion does. (ignore_eos does not bias the
         sampler: build it with logit_bias=synapse_nb.sampling.eog_logit_bias(...) for that.)
         """
         prompt = list(prompt_tokens)
-        if n_predict < 0:
-            raise SynapseError(f"n_predict must be >= 0, got {n_predict}")
-        need = self._n_past + len(prompt) + n_predict
+        if n_predict < -1:
+            raise SynapseError(f"n_predict must be >= 0, or -1 for no limit, got {n_predict}")
+        need = self._n_past + len(prompt)
         if need > self.n_ctx:
-            raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt + {n_predict} "
-                               f"predicted tokens = {need} exceed n_ctx = {self.n_ctx}")
+            raise SynapseError(f"context full: {self._n_past} cached + {len(prompt)} prompt tokens = {need} "
+                               f"exceed n_ctx = {self.n_ctx}")
         eog = self._eog_ids(ignore_eos)
         out: list[int] = []
         if sampler is not None:
@@ -143,6 +147,7 @@ class Session:
         if n_predict == 0:
             if prompt:
                 self.eval(prompt)
+            self.stop_reason = "length"
             return out
         for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos, sampler=sampler):
             out.append(tok)
@@ -154,24 +159,41 @@ class Session:
         return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
 
     def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None, sampler=None):
-        """Yield up to n_predict greedy tokens continuing from ``logits`` (float32 [n_vocab], the
-        last evaluated position): argmax, the lowest id on ties; or, with a synapse_nb.Sampler,
+        """Yield tokens continuing from ``logits`` (float32 [n_vocab], the last evaluated
+        position): argmax, the lowest id on ties; or, with a synapse_nb.Sampler,
         sampler.sample(logits) (which accepts the token; the caller accepts the prompt first).
 
         Each token is yielded before it is evaluated, so a caller can stream it; it is then
         appended to the cache and its logits (float32 [n_vocab]) passed to on_logits(row), if
-        given. The last token (the n_predict-th, or an end-of-generation token unless ignore_eos)
-        is yielded and not evaluated. The caller checks that the cache has room.
+        given. Stops after n_predict tokens (-1: no limit), after an end-of-generation token
+        unless ignore_eos, or when the context is full: as llama-completion without context
+        shift, cached + generated tokens never exceed n_ctx (n_ctx - n_past tokens at most). The
+        last token is yielded and not evaluated. On return self.stop_reason is "eog", "length"
+        or "context" (the first that applies, in this order).
         """
         eog = self._eog_ids(ignore_eos)
-        for i in range(n_predict):
-            tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits)  # argmax: lowest id on ties
+        self.stop_reason = None
+        if n_predict == 0:
+            self.stop_reason = "length"
+            return
+        i = 0
+        while self._n_past < self.n_ctx:
+            # argmax: the first maximum, lowest id on ties
+            tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
+            i += 1
             yield tok
-            if tok in eog or i == n_predict - 1:
+            if tok in eog:
+                self.stop_reason = "eog"
                 return
+            if i == n_predict:
+                self.stop_reason = "length"
+                return
+            if self._n_past + 1 >= self.n_ctx:
+                break  # this token took the last position: llama-completion's "context full"
             logits = self.eval([tok])
             if on_logits is not None:
                 on_logits(logits)
+        self.stop_reason = "context"
 
 
 @dataclass(frozen=True)
@@ -206,42 +228,65 @@ class PrefillCheckResult:
         return f"prefill check FAILED ({self.n_tokens} tokens, batches of {self.n_batch}): " + "; ".join(parts)
 
 
-def _first_cache_diff(kind: str, a: np.ndarray, b: np.ndarray, transposed: bool):
-    """First differing entry of two [n_layer, ...] caches (F16 values as float32), by layer then position."""
-    for il in range(a.shape[0]):
-        x, y = (a[il].T, b[il].T) if transposed else (a[il], b[il])  # -> [position, channel]
-        diff = np.argwhere(x.view(np.uint32) != y.view(np.uint32))
+def _first_cache_diff(kind: str, a, b, n_layer: int, n: int):
+    """First differing entry of two caches' K or V (a, b: KVCache.k_rows or v_rows of each), by
+    layer then position then channel; the values are reported as floats (the F16 values)."""
+    for il in range(n_layer):
+        x, y = a(il, n), b(il, n)  # F16 bits [position, channel]
+        diff = np.argwhere(x != y)
         if diff.size:
             p, c = (int(v) for v in diff[0])
-            fa, fb = x[p, c], y[p, c]
+            fa, fb = x[p:p + 1, c].view(np.float16)[0], y[p:p + 1, c].view(np.float16)[0]
             return (kind, il, p, c, float(fa), float(fb))
     return None
 
 
+def first_row_diff(position: int, batched: np.ndarray, single: np.ndarray):
+    """First bit difference of two logits rows (float32 [n_vocab]) at ``position``.
+
+    Returns (position, vocab id, batched value, token-by-token value) of the lowest differing id
+    (bit patterns compared: -0.0 differs from 0.0, NaNs compare by payload), or None when the
+    rows are bit-identical.
+    """
+    neq = batched.view(np.uint32) != single.view(np.uint32)
+    if not neq.any():
+        return None
+    i = int(np.argmax(neq))  # first True
+    return (int(position), i, float(batched[i]), float(single[i]))
+
+
 def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int | None = None,
-                  n_batch: int = DEFAULT_N_BATCH) -> PrefillCheckResult:
+                  n_batch: int = DEFAULT_N_BATCH, progress=None) -> PrefillCheckResult:
     """Run tokens once by batched prefill and once token by token; compare bit for bit.
 
     Compares the logits at every position and the whole K/V cache (positions 0..n-1 of every
-    layer). n_ctx defaults to max(len(tokens), the model's default). Returns a
-    PrefillCheckResult (str() is the one-line report). Raises SynapseError on bad tokens.
+    layer). The two sessions advance together, one batch at a time: the batch's logits rows
+    [n_batch, n_vocab] are compared with the token-by-token rows as those are produced, so memory
+    does not grow with the prompt and the time is one batched prefill plus one token-by-token
+    pass. progress(done, total) is called after each batch, if given. n_ctx defaults to
+    max(len(tokens), the model's default). Returns a PrefillCheckResult (str() is the one-line
+    report). Raises SynapseError on bad tokens.
     """
     ids = list(tokens)
     if n_ctx is None:
         n_ctx = max(len(ids), min(model.hparams.n_ctx_train, DEFAULT_N_CTX_MAX))
     batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-    lb = batched.eval(ids, all_logits=True)
     single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1)
-    ls = np.empty_like(lb)
-    for i, t in enumerate(ids):
-        ls[i] = single.eval([t])
     n = len(ids)
+    if n == 0:
+        batched.eval(ids)  # raises the empty-prompt error
     logits_diff = None
-    neq = lb.view(np.uint32) != ls.view(np.uint32)
-    if neq.any():
-        p, i = (int(v) for v in np.argwhere(neq)[0])
-        logits_diff = (p, i, float(lb[p, i]), float(ls[p, i]))
-    cache_diff = (_first_cache_diff("K", batched.cache.kf[:, :, :n], single.cache.kf[:, :, :n], True)
-                  or _first_cache_diff("V", batched.cache.vf[:, :n], single.cache.vf[:, :n], False))
+    for b0 in range(0, n, batched.n_batch):
+        chunk = ids[b0:b0 + batched.n_batch]
+        lb = batched.eval(chunk, all_logits=True)
+        for t, tok in enumerate(chunk):
+            ls = single.eval([tok])
+            if logits_diff is None:
+                logits_diff = first_row_diff(b0 + t, lb[t], ls)
+        if progress is not None:
+            progress(b0 + len(chunk), n)
+    n_layer = model.hparams.n_layer
+    cache_diff = (_first_cache_diff("K", batched.cache.k_rows, single.cache.k_rows, n_layer, n)
+                  or _first_cache_diff("V", batched.cache.v_rows, single.cache.v_rows, n_layer, n))
     return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,
                               logits_diff=logits_diff, cache_diff=cache_diff)

@@ -79,7 +79,7 @@ def test_truncated_gguf(tmp_path):
     assert "short.gguf" in one_error_line(res)
 
 
-@pytest.mark.parametrize("args", [["-n", "-1"], ["-b", "0"], ["-t", "0"], ["--tokens", "1,x"],
+@pytest.mark.parametrize("args", [["-n", "-2"], ["-b", "0"], ["-t", "0"], ["--tokens", "1,x"],
                                   ["--logits-out", "out.txt"], ["--bogus-option"], ["-n", "abc"], ["-c", "0"],
                                   ["--tokens", " , "], ["-f", "/nonexistent/prompt.txt"]])
 def test_bad_options(args):
@@ -190,6 +190,8 @@ def test_prefill_check_ok_on_tiny():
     res = run(TINY / "tiny-qwen2-q4_k_m.gguf", "--tokens", ids, "--prefill-check", "-t", "2")
     assert res.returncode == 0, res.stderr.decode()
     assert b"OK" in res.stdout
+    assert b"prefill check: 64/70 tokens compared" in res.stderr  # progress, batch by batch
+    assert b"prefill check: 70/70 tokens compared" in res.stderr
 
 
 def test_tokens_json_matches_golden_greedy_on_tiny(tmp_path):
@@ -211,6 +213,21 @@ def test_tokens_json_matches_golden_greedy_on_tiny(tmp_path):
     ref = np.concatenate([g["ids_logits_tbt"], g["ids_gen_logits"][1:8]])
     dist = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
     assert dist.max() <= tol, dist.max()
+
+
+@pytest.mark.parametrize("n_predict", ["100", "-1"])
+def test_generation_stops_at_a_full_context(n_predict):
+    """prompt + n_predict > n_ctx is no longer refused: as llama-completion without context shift,
+    generation stops when the context is full (stop "context"); -n -1 has no token limit."""
+    g = np.load(TINY / "goldens" / "tiny-llama-f32.npz")
+    toks = g["ids_tokens"]
+    res = run(TINY / "tiny-llama-f32.gguf", "--tokens", ",".join(map(str, toks)), "-c", len(toks) + 6,
+              "-n", n_predict, "--ignore-eos", "--json", "-t", "1")
+    assert res.returncode == 0, res.stderr.decode()
+    doc = json.loads(res.stdout)
+    assert doc["tokens"] == g["ids_greedy"][:6].tolist()  # llama.cpp's greedy continuation
+    assert doc["stop"] == "context"
+    assert b"stop: context, 6 tokens generated" in res.stderr
 
 
 # ---------------------------------------------------------------- real models

@@ -17,7 +17,7 @@ import pytest
 
 from synapse_nb import SynapseError
 from synapse_nb.model import load_model
-from synapse_nb.session import Session, prefill_check
+from synapse_nb.session import Session, first_row_diff, prefill_check
 
 TINY = Path(__file__).parent / "data" / "tiny"
 ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
@@ -67,9 +67,11 @@ def test_results_do_not_depend_on_thread_count(threads, name):
     for nt in (1, 2):
         s = model(name).new_session(n_ctx=256, n_threads=nt)
         rows = s.eval(toks, all_logits=True)
-        out.append((rows, s.cache.kf[:, :, :130].copy(), s.cache.vf[:, :130].copy()))
+        nl = s.model.hparams.n_layer
+        out.append((rows.view(np.uint32), np.stack([s.cache.k_rows(il, 130) for il in range(nl)]),
+                    s.cache.v[:, :130].copy()))
     for a, b in zip(out[0], out[1]):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+        assert np.array_equal(a, b)
 
 
 def test_prefill_check_reports_logit_difference(monkeypatch):
@@ -95,8 +97,8 @@ def test_prefill_check_reports_cache_difference(monkeypatch):
 
     def perturbed(self, st, cache, tokens, n_past, all_logits, want_logits=True):
         out = real(self, st, cache, tokens, n_past, all_logits, want_logits)
-        if len(tokens) > 1:  # only the batched run: flip one V entry of layer 1, position 3
-            cache.vf[1, 3, 7] = np.nextafter(cache.vf[1, 3, 7], np.float32(np.inf))
+        if len(tokens) > 1:  # only the batched run: flip one V entry of layer 1, position 3 (F16 bits)
+            cache.v[1, 3, 7] ^= np.uint16(1)
         return out
 
     monkeypatch.setattr(type(m), "forward", perturbed)
@@ -104,6 +106,45 @@ def test_prefill_check_reports_cache_difference(monkeypatch):
     assert not res.ok and res.logits_diff is None
     assert res.cache_diff[:4] == ("V", 1, 3, 7)
     assert "layer 1, position 3" in str(res)
+
+
+def test_first_row_diff_reports_the_first_differing_logit():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(N_VOCAB).astype(np.float32)
+    assert first_row_diff(7, a, a.copy()) is None
+    b = a.copy()
+    b[300] = np.nextafter(b[300], np.float32(np.inf))  # one ulp
+    b[400] = -b[400]
+    assert first_row_diff(2999, a, b) == (2999, 300, float(a[300]), float(b[300]))
+    z, nz = np.zeros(N_VOCAB, np.float32), np.zeros(N_VOCAB, np.float32)
+    nz[11] = -0.0  # equal as floats, different bits: a difference
+    assert first_row_diff(0, z, nz)[:2] == (0, 11)
+
+
+def test_prefill_check_compares_batch_by_batch_with_progress():
+    calls = []
+    res = prefill_check(model("tiny-llama-q8_0"), prompt(150), n_ctx=160, n_batch=64,
+                        progress=lambda done, total: calls.append((done, total)))
+    assert res.ok, str(res)
+    assert calls == [(64, 150), (128, 150), (150, 150)]
+
+
+def test_prefill_check_reports_a_late_logit_difference(monkeypatch):
+    # a difference in the third batch, after two identical ones: reported with its position
+    m = model("tiny-llama-f32")
+    real = type(m).forward
+
+    def perturbed(self, st, cache, tokens, n_past, all_logits, want_logits=True):
+        out = real(self, st, cache, tokens, n_past, all_logits, want_logits)
+        if len(tokens) > 1 and n_past == 128:
+            out[5, 17] = np.nextafter(out[5, 17], np.float32(-np.inf))
+        return out
+
+    monkeypatch.setattr(type(m), "forward", perturbed)
+    res = prefill_check(m, prompt(150), n_ctx=160)
+    assert not res.ok and res.cache_diff is None
+    assert res.logits_diff[:2] == (133, 17) and res.logits_diff[2] < res.logits_diff[3]
+    assert "position 133 (vocab id 17)" in str(res)
 
 
 def test_eval_shapes_and_n_past():
@@ -126,8 +167,7 @@ def test_last_row_equals_all_logits_last_row():
     a = sa.eval(toks)
     b = sb.eval(toks, all_logits=True)
     assert np.array_equal(a.view(np.uint32), b[-1].view(np.uint32))
-    assert np.array_equal(sa.cache.kf.view(np.uint32), sb.cache.kf.view(np.uint32))
-    assert np.array_equal(sa.cache.vf.view(np.uint32), sb.cache.vf.view(np.uint32))
+    assert np.array_equal(sa.cache.k, sb.cache.k) and np.array_equal(sa.cache.v, sb.cache.v)
 
 
 def test_default_n_ctx():
@@ -148,7 +188,10 @@ def test_context_overflow_is_a_clear_error():
         s.eval([3])
     s.reset()
     with pytest.raises(SynapseError, match="exceed n_ctx = 64"):
-        s.generate(prompt(40), n_predict=30, ignore_eos=True)
+        s.generate(prompt(65), n_predict=1, ignore_eos=True)  # only a prompt that does not fit is refused
+    assert s.n_past == 0
+    with pytest.raises(SynapseError, match="n_predict"):
+        s.generate(prompt(5), n_predict=-2)
     assert s.n_past == 0
 
 
@@ -230,10 +273,34 @@ def test_generate_stops_at_end_of_generation(monkeypatch):
 
     monkeypatch.setattr(Session, "eval", eos_after_3)
     seen = []
-    got = m.new_session(n_ctx=64).generate(prompt(20), 10, on_token=seen.append)
-    assert got[-1] == eos and len(got) == 4 and seen == got[:-1]
+    s = m.new_session(n_ctx=64)
+    got = s.generate(prompt(20), 10, on_token=seen.append)
+    assert got[-1] == eos and len(got) == 4 and seen == got[:-1] and s.stop_reason == "eog"
     got = m.new_session(n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
     assert len(got) == 10 and got[3:] == [eos] * 7
+
+
+def test_generate_stops_when_the_context_is_full():
+    # llama.cpp's greedy continuation of the text prompt (59 tokens): clear margins throughout.
+    # As llama-completion without context shift: cached + generated tokens <= n_ctx.
+    name = "tiny-qwen2-f32"
+    g = np.load(TINY / "goldens" / f"{name}.npz")
+    toks, want = g["text_tokens"].tolist(), g["text_greedy"].tolist()
+    s = model(name).new_session(n_ctx=len(toks) + 7)
+    got = s.generate(toks, 30, ignore_eos=True)
+    assert got == want[:7] and s.stop_reason == "context"
+    assert s.n_past == len(toks) + 6  # the last token takes the last position and is not evaluated
+    s = model(name).new_session(n_ctx=len(toks) + 7)  # -1: no limit, the context decides
+    assert s.generate(toks, -1, ignore_eos=True) == want[:7] and s.stop_reason == "context"
+    s = model(name).new_session(n_ctx=len(toks) + 7)  # both limits at once: n_predict wins, as llama.cpp
+    assert s.generate(toks, 7, ignore_eos=True) == want[:7] and s.stop_reason == "length"
+    s = model(name).new_session(n_ctx=len(toks) + 7)
+    assert s.generate(toks, 6, ignore_eos=True) == want[:6] and s.stop_reason == "length"
+    s = model(name).new_session(n_ctx=len(toks))  # a prompt that fills the context: nothing generated
+    assert s.generate(toks, 5, ignore_eos=True) == [] and s.stop_reason == "context"
+    s = model(name).new_session(n_ctx=len(toks) + 1)
+    assert s.generate(toks, 5, ignore_eos=True) == want[:1] and s.stop_reason == "context"
+    assert s.n_past == len(toks)
 
 
 def test_warmup_reports_progress_and_leaves_no_state():

@@ -73,6 +73,29 @@ def v_expf(x):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def v_expf_normal(x):
+    """v_expf(x) on its common path, without branches so that a loop over it vectorizes.
+
+    x: float32. Returns (value, ok): when ok (-125 <= n <= 127, n = round(x / ln 2); false for
+    NaN), value is v_expf(x) bit for bit (the polynomial scaled by one float multiply); otherwise
+    value is meaningless and the caller must use v_expf(x).
+    """
+    r = _F32(12582912.0)  # 0x1.8p23f
+    z = fma32(x, _LOG2E, r)
+    n = z - r
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    u = b * b
+    j = fma32(
+        fma32(fma32(_C5, b, _C4), u,
+              fma32(_C3, b, _C2)),
+        u,
+        fma32(_C1, b, _F32(1.0)))
+    ok = (n >= _F32(-125.0)) & (n <= _F32(127.0))
+    ni = np.int32(n if ok else _F32(0.0))
+    return j * u32_as_f32(np.uint32(ni + 127) << np.uint32(23)), ok
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def v_silu(x):
     """One lane of ggml_v_silu (AVX-512): x / (1 + ggml_v_expf(0 - x)), float32."""
     e = v_expf(_F32(0.0) - x)

@@ -1,0 +1,65 @@
+"""Long-context timing in one process: prefill of a long prompt, then greedy decode after it.
+
+    python3 -m benchmarks.bench_long [MODEL] [--n-prompt 3000] [--n-decode 32] [-c 4096] [-t 2]
+
+The prompt is README.md tokenized (repeated if shorter), cut to --n-prompt tokens. Prints prefill
+tokens/s, decode ms per token and tokens/s, and the share of decode time spent in attention
+(attention_rows wrapped with a timer). One run, no medians: on a shared machine take ratios.
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="smollm2-135m-instruct-q4_1")
+    ap.add_argument("--n-prompt", type=int, default=3000)
+    ap.add_argument("--n-decode", type=int, default=32)
+    ap.add_argument("-c", "--ctx-size", type=int, default=4096)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    from synapse_nb.kernels import attention as attn
+    from synapse_nb.model import load_model
+    from synapse_nb.models import resolve_model
+
+    m = load_model(resolve_model(a.model))
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    ids = m.tokenizer.tokenize(text, add_special=True, parse_special=False)
+    while len(ids) < a.n_prompt:
+        ids = ids + ids[1:]
+    ids = ids[:a.n_prompt]
+    m.warmup()
+    s = m.new_session(n_ctx=a.ctx_size, n_threads=a.threads)
+    t0 = time.perf_counter()
+    logits = s.eval(ids)
+    t1 = time.perf_counter()
+    print(f"prefill {len(ids)} tokens: {t1 - t0:.2f} s, {len(ids) / (t1 - t0):.1f} tok/s")
+
+    spent = [0.0]
+    real = attn.attention_rows
+
+    def timed(*args):
+        t = time.perf_counter()
+        real(*args)
+        spent[0] += time.perf_counter() - t
+
+    attn.attention_rows = timed
+    try:
+        t0 = time.perf_counter()
+        for _ in range(a.n_decode):
+            logits = s.eval([int(np.argmax(logits))])
+        t1 = time.perf_counter()
+    finally:
+        attn.attention_rows = real
+    ms = 1e3 * (t1 - t0) / a.n_decode
+    print(f"decode {a.n_decode} tokens at n_past {len(ids)}..: {ms:.1f} ms/token ({1e3 / ms:.1f} tok/s), "
+          f"attention {1e3 * spent[0] / a.n_decode:.1f} ms/token ({100 * spent[0] / (t1 - t0):.0f} %)")
+
+
+if __name__ == "__main__":
+    main()
