@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from synapse_nb.session import Session, warmup as session_warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 LIKE_FOR_LIKE = ["--repack", "0", "-fa", "off", "-b", "64", "-ub", "64"]
@@ -72,11 +73,11 @@ def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth:
     import synapse_nb
 
     m = synapse_nb.load_model(model)
-    m.warmup()
+    session_warmup(m)
     rng = np.random.default_rng(0)
     n_vocab = m.hparams.n_vocab
     n_ctx = max(16, depth + n_prompt + n_gen)
-    s = m.new_session(n_ctx=n_ctx, n_threads=threads)
+    s = Session(m, n_ctx=n_ctx, n_threads=threads)
     samples = []
     for r in range(reps + 1):  # the first is the warm-up
         s.reset()

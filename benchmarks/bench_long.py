@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synapse_nb.session import Session, warmup as session_warmup
 
 
 def main():
@@ -33,8 +34,8 @@ def main():
     while len(ids) < a.n_prompt:
         ids = ids + ids[1:]
     ids = ids[:a.n_prompt]
-    m.warmup()
-    s = m.new_session(n_ctx=a.ctx_size, n_threads=a.threads)
+    session_warmup(m)
+    s = Session(m, n_ctx=a.ctx_size, n_threads=a.threads)
     t0 = time.perf_counter()
     logits = s.eval(ids)
     t1 = time.perf_counter()

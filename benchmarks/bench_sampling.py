@@ -14,6 +14,7 @@ import numpy as np
 
 import synapse_nb
 from synapse_nb.sampling import Sampler, warmup
+from synapse_nb.session import Session, warmup as session_warmup
 
 CONFIGS = {
     "llama.cpp defaults (top-k 40, top-p 0.95, min-p 0.05, temp 0.8)": {},
@@ -31,9 +32,9 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
     m = synapse_nb.load_model(a.model)
-    m.warmup()
+    session_warmup(m)
     warmup()
-    s = m.new_session(n_threads=a.threads)
+    s = Session(m, n_threads=a.threads)
     ids = m.tokenizer.tokenize("def fibonacci(n):", add_special=True, parse_special=True)
     logits = s.eval(ids)
     steps = []

@@ -77,14 +77,6 @@ def _read_prompt(prompt: str | None, file: str | None, limit: int, n_ctx: int) -
     return prompt if prompt is not None else ""
 
 
-def _physical_memory() -> int:
-    """Bytes of RAM (sysconf); a large number when unknown, so that nothing is refused for it."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
 class _Compiling:
     """stderr notice while kernels compile (a first run, or after the package changed).
 
@@ -164,6 +156,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     import_numba_without_blas()  # before the first kernel: saves SciPy's import (0.3 s)
     from synapse_nb.model import load_model
+    from synapse_nb.session import Session, check_token_ids, default_n_ctx, warmup as session_warmup
 
     if chat is not None and (chat["conversation"] or chat["single_turn"]):
         bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
@@ -207,13 +200,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         if prompt is not None or file is not None:
             raise click.UsageError("--tokens replaces the prompt text; give one or the other")
         prompt_ids = _parse_token_list(tokens)
-        bad = [t for t in prompt_ids if not 0 <= t < model.hparams.n_vocab]
-        if bad:
-            raise SynapseError(f"--tokens: id {bad[0]} is outside the vocabulary [0, {model.hparams.n_vocab})")
+        check_token_ids(prompt_ids, model.hparams.n_vocab, "--tokens")
     else:
         from synapse_nb.inputs import prompt_byte_limit
 
-        n_ctx_max = ctx_size if ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
+        n_ctx_max = ctx_size if ctx_size is not None else default_n_ctx(model.hparams)
         text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
@@ -227,15 +218,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     n_threads = threads or os.cpu_count() or 1
     hp = model.hparams
-    n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
-    if len(prompt_ids) > n_ctx:  # before the KV cache is allocated; generation stops when the context is full
-        raise SynapseError(f"the prompt ({len(prompt_ids)} tokens) exceeds the context size n_ctx = {n_ctx}; "
-                           f"raise -c/--ctx-size or shorten the prompt")
-    # KV cache: K and V per layer and position, F16 (2 bytes), as llama.cpp's
-    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
-    if kv_bytes > _physical_memory():
-        raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
-                           f"this machine's memory; use a smaller context")
+    session = Session(model, n_ctx=ctx_size, n_threads=n_threads, n_batch=batch_size)
+    session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
+    n_ctx = session.n_ctx
     if n_ctx > hp.n_ctx_train:
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
     from synapse_nb.sampling import sampler_from_options
@@ -245,15 +230,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
         _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False
-    try:
-        session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
-    except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
-        raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): "
-                           f"{e}; use a smaller context") from None
 
     t_c = time.perf_counter()
     with _Compiling(verbose) as progress:
-        model.warmup(progress=progress)
+        session_warmup(model, progress=progress)
         if sampler is not None:
             from synapse_nb.sampling import warmup as _sampling_warmup
 
@@ -279,7 +259,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     rows = []
     stream = tok.stream_decoder() if not as_json else None
     generated: list[int] = []
-    stop = "length"
     out = sys.stdout.buffer
     t_p0 = time.perf_counter()
     logits = session.eval(prompt_ids, all_logits=want_rows)
@@ -308,18 +287,16 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         if verbose:
             _log("sampler chain: logits -> " + " -> ".join(sampler.chain))
         sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
+    eog = session.eog_ids(ignore_eos)  # the tokens that end the generation (not printed)
     try:
         for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler):
             generated.append(nxt)
-            if nxt in tok.eog_ids and not ignore_eos:
-                stop = "eog"
-            elif stream is not None:
+            if stream is not None and nxt not in eog:
                 piece = stream.push(tok.token_to_piece(nxt, special=False))
                 if piece:
                     out.write(piece)
                     out.flush()
-        if session.stop_reason == "context":  # cached + generated tokens reached n_ctx
-            stop = "context"
+        stop = session.stop_reason  # "eog", "length" or "context" (cached + generated reached n_ctx)
     except KeyboardInterrupt:
         stop = "interrupted"
     t_e1 = time.perf_counter()
@@ -368,6 +345,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     from synapse_nb import SynapseError
     from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
     from synapse_nb.model import load_model
+    from synapse_nb.session import Session, default_n_ctx, warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
@@ -383,23 +361,15 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     path = resolve_model(model_arg)
     model = load_model(path)
     hp = model.hparams
-    n_ctx = ctx_size if ctx_size is not None else min(hp.n_ctx_train, 4096)
+    n_ctx = ctx_size if ctx_size is not None else default_n_ctx(hp)
     first = None
     if prompt is not None or file is not None:
         from synapse_nb.inputs import prompt_byte_limit
 
         first = _read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
-    kv_bytes = hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 4
-    if kv_bytes > _physical_memory():
-        raise SynapseError(f"-c/--ctx-size {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
-                           f"this machine's memory; use a smaller context")
     n_threads = threads or os.cpu_count() or 1
-    try:
-        session = model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
-    except (MemoryError, OSError) as e:
-        raise SynapseError(f"-c/--ctx-size {n_ctx}: cannot allocate the KV cache: {e}; use a smaller context") \
-            from None
+    session = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
@@ -410,7 +380,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
 
     def warmup():
         with _Compiling(verbose) as progress:
-            model.warmup(progress=progress)
+            session_warmup(model, progress=progress)
             if sampler is not None:
                 from synapse_nb.sampling import warmup as _sampling_warmup
 

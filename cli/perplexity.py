@@ -21,6 +21,7 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
     from synapse_nb import SynapseError
     from synapse_nb import perplexity as P
     from synapse_nb.model import load_model
+    from synapse_nb.session import warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     from .main import _Compiling, _log, _parse_token_list, _read_prompt
@@ -74,7 +75,7 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
 
     t_c = time.perf_counter()
     with _Compiling(verbose) as progress:
-        model.warmup(progress=progress)
+        session_warmup(model, progress=progress)
     compile_s = time.perf_counter() - t_c
 
     out = sys.stdout

@@ -17,7 +17,7 @@ Modules, one concern each:
 
 from .errors import SynapseError
 
-__all__ = ["SynapseError", "Sampler", "load_model", "load_tokenizer", "perplexity"]
+__all__ = ["SynapseError", "Sampler", "Session", "load_model", "load_tokenizer", "perplexity", "warmup"]
 __version__ = "0.1.0"
 
 
@@ -45,6 +45,10 @@ def __getattr__(name):
         from .sampling import Sampler
 
         return Sampler
+    if name in ("Session", "warmup"):  # synapse_nb.session: KV cache, prefill/decode, kernel warm-up
+        from . import session
+
+        return getattr(session, name)
     # synapse_nb.perplexity is the submodule, made callable (its __call__ is perplexity.perplexity):
     # a function of that name here would be replaced by the submodule as soon as it is imported.
     # Imported on first use, so that importing synapse_nb stays free of Numba.

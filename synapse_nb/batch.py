@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from .errors import SynapseError
+from .session import Session, warmup as session_warmup
 
 # Sampling options a line may carry: synapse_nb.Sampler's parameter names.
 SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "penalty_last_n", "repeat_penalty",
@@ -178,9 +179,9 @@ class Decoder:
         self.add_special = add_special
         self.parse_special = parse_special
         self.sampling = dict(sampling or {})
-        self.session = self.model.new_session(n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        self.session = Session(self.model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.n_threads = self.session.n_threads or _numba_threads()
-        self.model.warmup()
+        session_warmup(self.model)
 
     def _parse(self, obj: dict):
         """(prompt ids, n_predict, sampler or None) of one input; SynapseError for a bad value."""
@@ -249,7 +250,7 @@ class Decoder:
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
         s, tok = self.session, self.model.tokenizer
-        eog = set() if self.ignore_eos else set(tok.eog_ids)
+        eog = s.eog_ids(self.ignore_eos)
         s.reset()
         try:
             t_p0 = perf_counter()

@@ -382,7 +382,7 @@ class Conversation:
             # token chosen from the logits before it is the reply's last.
             room = n_ctx - s.n_past
             cap = room if n_predict < 0 else min(n_predict, room)
-            eog = set() if self.ignore_eos else set(self.tokenizer.eog_ids)
+            eog = s.eog_ids(self.ignore_eos)
 
             def on_logits(_row):
                 evaluated.append(gen[-1])

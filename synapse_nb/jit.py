@@ -18,19 +18,21 @@ def import_numba_without_blas() -> None:
 
     numba.np.arraymath imports scipy.linalg.cython_blas when SciPy is installed, only to offer
     np.dot and np.linalg in jitted code; Numba imports that module on its first compile or cache
-    load, and SciPy's import costs 0.3-0.4 s of a 1 s warm start here. SciPy is hidden only
+    load, and SciPy's import costs 0.3-0.4 s of a 1 s warm start here. scipy.linalg is hidden only
     while that module imports: a later `import scipy` in the process works as usual (Numba's
     own np.dot stays unavailable in it). Does nothing when SciPy or that module is already
     imported. Meant for the llama-decode process, not for library users' processes.
     """
-    if "scipy" in sys.modules or "numba.np.arraymath" in sys.modules:
+    # Numba's own import already imports the bare scipy package (a version check, 10 ms); what
+    # costs is scipy.linalg, so that is what is hidden.
+    if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
         return
-    sys.modules["scipy"] = None  # makes `import scipy...` raise ImportError
+    sys.modules["scipy.linalg"] = None  # makes `import scipy.linalg...` raise ImportError
     try:
         import numba.np.arraymath  # noqa: F401
     finally:
-        if "scipy" in sys.modules and sys.modules["scipy"] is None:
-            del sys.modules["scipy"]
+        if "scipy.linalg" in sys.modules and sys.modules["scipy.linalg"] is None:
+            del sys.modules["scipy.linalg"]
 
 
 @contextmanager

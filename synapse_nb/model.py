@@ -15,8 +15,9 @@ Where each number is rounded:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
-import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +31,9 @@ from .kernels import BoundWeight, bind
 from .kernels import attention as _attn
 from .kernels import ops as _ops
 
-DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
-DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
+if TYPE_CHECKING:  # the session's state types, for annotations only (session.py imports this module)
+    from .session import ForwardState, KVCache
+
 
 
 def _f32_vector(g, name: str, n: int) -> np.ndarray:
@@ -111,71 +113,11 @@ class Weights:
         )
 
 
-def _lazy_zeros(shape, dtype) -> np.ndarray:
-    """A zeroed array backed by an anonymous mapping, committed 4 KiB page by page as it is written.
-
-    numpy's allocator asks for transparent huge pages, so the first write to each channel row of a
-    transposed cache would commit 2 MiB: 235 MB for SmolLM2 at n_ctx 4096 after a 5-token prompt.
-    """
-    count = int(np.prod(shape))
-    buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-class KVCache:
-    """The F16 KV cache of a session, in llama.cpp's bytes: every entry rounded to F16 as
-    llama.cpp's cache stores it, kept as F16 bits.
-
-    k: uint16 [n_layer, ceil(n_ctx / 64), n_head_kv * head_dim_k, 64]: K in tiles of 64 positions
-    (position p of layer il at k[il, p // 64, :, p % 64]), the layout the q.k loops want;
-    v: uint16 [n_layer, n_ctx, n_head_kv * head_dim_v], as llama.cpp's V. n_layer x n_ctx x
-    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64 for K), zero-initialised like
-    llama.cpp's buffer clear, committed page by page as positions are written (_lazy_zeros).
-    """
-
-    def __init__(self, hp: HParams, n_ctx: int):
-        from .kernels.attention import KT
-
-        self.n_ctx = n_ctx
-        n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
-        self.k = _lazy_zeros((hp.n_layer, (n_ctx + KT - 1) // KT, n_embd_k, KT), np.uint16)
-        self.v = _lazy_zeros((hp.n_layer, n_ctx, n_embd_v), np.uint16)
-
-    def k_rows(self, il: int, n: int) -> np.ndarray:
-        """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy)."""
-        kt = self.k[il]
-        return np.ascontiguousarray(kt.transpose(0, 2, 1).reshape(-1, kt.shape[1])[:n])
-
-    def v_rows(self, il: int, n: int) -> np.ndarray:
-        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a view)."""
-        return self.v[il, :n]
-
-
-class ForwardState:
-    """Activation buffers for batches of up to n_batch tokens, allocated once per session."""
-
-    def __init__(self, hp: HParams, n_batch: int):
-        n, E, F = n_batch, hp.n_embd, hp.n_ff
-        self.n_batch = n_batch
-        self.x = np.empty((n, E), np.float32)  # residual stream
-        self.h = np.empty((n, E), np.float32)  # normed input of a sub-block
-        self.q = np.empty((n, hp.n_head * hp.head_dim_k), np.float32)
-        self.k = np.empty((n, hp.n_head_kv * hp.head_dim_k), np.float32)
-        self.v = np.empty((n, hp.n_head_kv * hp.head_dim_v), np.float32)
-        self.attn = np.empty((n, hp.n_head * hp.head_dim_v), np.float32)  # attention output (kqv)
-        self.o = np.empty((n, E), np.float32)  # output of a sub-block (wo or ffn_down)
-        self.gate = np.empty((n, F), np.float32)
-        self.up = np.empty((n, F), np.float32)
-        self.act = np.empty((n, F), np.float32)  # silu(gate) * up
-        self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
-        self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
-
-
 class Model:
     """A loaded GGUF model: hyper-parameters, weights (memory-mapped), tokenizer.
 
-    Build with load_model(path). The forward is Model.forward; sessions (KV cache, prefill,
-    greedy decode) come from Model.new_session.
+    Build with load_model(path). The forward is Model.forward, run on a session's state:
+    synapse_nb.session.Session(model) holds the KV cache and buffers, prefill and decode.
     """
 
     def __init__(self, path, gguf, hparams: HParams, weights: Weights):
@@ -201,42 +143,6 @@ class Model:
 
             self._tokenizer = load_tokenizer(self.gguf)
         return self._tokenizer
-
-    def new_session(self, n_ctx: int | None = None, n_threads: int | None = None,
-                    n_batch: int = DEFAULT_N_BATCH):
-        """A Session with an empty KV cache of n_ctx positions (default min(n_ctx_train, 4096)).
-
-        n_threads: Numba threads for this session's kernels (default: Numba's current setting).
-        n_batch: tokens per forward in prefill (default 64). Raises SynapseError on bad values.
-        """
-        from .session import Session
-
-        return Session(self, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-
-    def warmup(self, progress=None) -> None:
-        """Compile (or load from Numba's cache) every kernel the forward uses, with a 1-token forward.
-
-        progress: optional callable(done, total, name) called before each step.
-        """
-        from .session import Session
-
-        hp = self.hparams
-        s = Session(self, n_ctx=3, n_threads=None, n_batch=2)
-        out = np.empty((1, hp.n_head * hp.head_dim_v), np.float32)
-        q = np.zeros((1, hp.n_head * hp.head_dim_k), np.float32)
-        steps = [
-            ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
-            ("single-token forward (serial kernels)", lambda: s.eval([0])),
-            ("parallel attention", lambda: _attn._attention_par(
-                out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-                hp.head_dim_v, self._kq_scale)),
-        ]
-        for i, (name, run) in enumerate(steps):
-            if progress:
-                progress(i, len(steps), name)
-            run()
-        if progress:
-            progress(len(steps), len(steps), "done")
 
     def _position_inputs(self, st: ForwardState, n_past: int, n: int) -> None:
         """Per-position inputs of the graph: the RoPE cos/sin table and mistral3's q temperature."""

@@ -8,6 +8,7 @@ logits and cache bits as token-by-token decoding (prefill_check proves it on a p
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 
@@ -15,7 +16,77 @@ import numba
 import numpy as np
 
 from .errors import SynapseError
-from .model import DEFAULT_N_BATCH, DEFAULT_N_CTX_MAX, ForwardState, KVCache, Model
+from .hparams import HParams
+from .kernels import attention as _attn
+from .model import Model
+
+DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
+DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
+
+
+def _lazy_zeros(shape, dtype) -> np.ndarray:
+    """A zeroed array backed by an anonymous mapping, committed 4 KiB page by page as it is written.
+
+    numpy's allocator asks for transparent huge pages, so the first write to each channel row of a
+    transposed cache would commit 2 MiB: 235 MB for SmolLM2 at n_ctx 4096 after a 5-token prompt.
+    """
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+class KVCache:
+    """The F16 KV cache of a session, in llama.cpp's bytes: every entry rounded to F16 as
+    llama.cpp's cache stores it, kept as F16 bits.
+
+    k: uint16 [n_layer, ceil(n_ctx / 64), n_head_kv * head_dim_k, 64]: K in tiles of 64 positions
+    (position p of layer il at k[il, p // 64, :, p % 64]), the layout the q.k loops want;
+    v: uint16 [n_layer, n_ctx, n_head_kv * head_dim_v], as llama.cpp's V. n_layer x n_ctx x
+    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64 for K), zero-initialised like
+    llama.cpp's buffer clear, committed page by page as positions are written (_lazy_zeros).
+    """
+
+    def __init__(self, hp: HParams, n_ctx: int):
+        from .kernels.attention import KT
+
+        self.n_ctx = n_ctx
+        n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
+        self.k = _lazy_zeros((hp.n_layer, (n_ctx + KT - 1) // KT, n_embd_k, KT), np.uint16)
+        self.v = _lazy_zeros((hp.n_layer, n_ctx, n_embd_v), np.uint16)
+
+    @staticmethod
+    def nbytes(hp: HParams, n_ctx: int) -> int:
+        """Bytes of the cache at n_ctx positions: n_layer x n_ctx x (n_embd_k + n_embd_v) x 2 (F16)."""
+        return hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
+
+    def k_rows(self, il: int, n: int) -> np.ndarray:
+        """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy)."""
+        kt = self.k[il]
+        return np.ascontiguousarray(kt.transpose(0, 2, 1).reshape(-1, kt.shape[1])[:n])
+
+    def v_rows(self, il: int, n: int) -> np.ndarray:
+        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a view)."""
+        return self.v[il, :n]
+
+
+class ForwardState:
+    """Activation buffers for batches of up to n_batch tokens, allocated once per session."""
+
+    def __init__(self, hp: HParams, n_batch: int):
+        n, E, F = n_batch, hp.n_embd, hp.n_ff
+        self.n_batch = n_batch
+        self.x = np.empty((n, E), np.float32)  # residual stream
+        self.h = np.empty((n, E), np.float32)  # normed input of a sub-block
+        self.q = np.empty((n, hp.n_head * hp.head_dim_k), np.float32)
+        self.k = np.empty((n, hp.n_head_kv * hp.head_dim_k), np.float32)
+        self.v = np.empty((n, hp.n_head_kv * hp.head_dim_v), np.float32)
+        self.attn = np.empty((n, hp.n_head * hp.head_dim_v), np.float32)  # attention output (kqv)
+        self.o = np.empty((n, E), np.float32)  # output of a sub-block (wo or ffn_down)
+        self.gate = np.empty((n, F), np.float32)
+        self.up = np.empty((n, F), np.float32)
+        self.act = np.empty((n, F), np.float32)  # silu(gate) * up
+        self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
+        self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
 
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
@@ -32,10 +103,30 @@ def _configure_threads() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", _GOMP_SPINCOUNT)
 
 
+def default_n_ctx(hp: HParams) -> int:
+    """The context size when none is given: min(n_ctx_train, 4096) positions."""
+    return min(hp.n_ctx_train, DEFAULT_N_CTX_MAX)
+
+
+def check_token_ids(ids, n_vocab: int, what: str = "tokens") -> None:
+    """Raise SynapseError (naming `what`) unless every id is an integer in [0, n_vocab)."""
+    for t in ids:
+        if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab:
+            raise SynapseError(f"{what}: id {t!r} is outside the vocabulary [0, {n_vocab})")
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM (sysconf); a large number when unknown, so that nothing is refused for it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
 class Session:
     """One sequence being decoded: KV cache of n_ctx positions, n_past of them filled.
 
-    Build with Model.new_session(n_ctx=None, n_threads=None, n_batch=64).
+    Build with Session(model, n_ctx=None, n_threads=None, n_batch=64).
     n_ctx: cache positions (default min(n_ctx_train, 4096)); n_threads: Numba threads used by
     eval (default: Numba's current setting; results do not depend on it); n_batch: tokens per
     forward. Raises SynapseError for values out of range.
@@ -45,9 +136,13 @@ class Session:
                  n_batch: int = DEFAULT_N_BATCH):
         hp = model.hparams
         if n_ctx is None:
-            n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX_MAX)
+            n_ctx = default_n_ctx(hp)
         if not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
             raise SynapseError(f"{model.path}: n_ctx must be a positive integer, got {n_ctx!r}")
+        kv_bytes = KVCache.nbytes(hp, int(n_ctx))
+        if kv_bytes > _physical_memory():
+            raise SynapseError(f"n_ctx {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than this "
+                               f"machine's memory; use a smaller context (-c/--ctx-size)")
         if not isinstance(n_batch, (int, np.integer)) or n_batch < 1:
             raise SynapseError(f"{model.path}: n_batch must be a positive integer, got {n_batch!r}")
         if n_threads is not None:
@@ -59,9 +154,21 @@ class Session:
         self.n_ctx = int(n_ctx)
         self.n_batch = int(min(n_batch, n_ctx))
         self.n_threads = n_threads
-        self.cache = KVCache(hp, self.n_ctx)
+        try:
+            self.cache = KVCache(hp, self.n_ctx)
+        except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
+            raise SynapseError(f"n_ctx {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): {e}; "
+                               f"use a smaller context (-c/--ctx-size)") from None
         self.state = ForwardState(hp, self.n_batch)
         self._n_past = 0
+
+    def check_prompt(self, n_tokens: int) -> None:
+        """Raise SynapseError unless a prompt of n_tokens fits in the context after the n_past
+        cached positions (generation then stops when the context is full)."""
+        if self._n_past + n_tokens > self.n_ctx:
+            cached = f"{self._n_past} cached + " if self._n_past else ""
+            raise SynapseError(f"the prompt ({cached}{n_tokens} tokens) exceeds the context size n_ctx = "
+                               f"{self.n_ctx}; raise -c/--ctx-size or shorten the prompt")
         # Why the last greedy_tokens run ended: "eog", "length" (n_predict reached), "context" (full).
         self.stop_reason: str | None = None
 
@@ -155,6 +262,11 @@ class Session:
                 on_token(tok)
         return out
 
+    def eog_ids(self, ignore_eos: bool = False) -> set:
+        """The token ids that end a generation: the vocabulary's end-of-generation tokens, or none
+        with ignore_eos."""
+        return self._eog_ids(ignore_eos)
+
     def _eog_ids(self, ignore_eos: bool) -> set:
         return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
 
@@ -194,6 +306,30 @@ class Session:
             if on_logits is not None:
                 on_logits(logits)
         self.stop_reason = "context"
+
+
+def warmup(model: Model, progress=None) -> None:
+    """Compile (or load from Numba's cache) every kernel the forward uses, with a 1-token forward.
+
+    model: a loaded Model. progress: optional callable(done, total, name) called before each step.
+    """
+    hp = model.hparams
+    s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
+    out = np.empty((1, hp.n_head * hp.head_dim_v), np.float32)
+    q = np.zeros((1, hp.n_head * hp.head_dim_k), np.float32)
+    steps = [
+        ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
+        ("single-token forward (serial kernels)", lambda: s.eval([0])),
+        ("parallel attention", lambda: _attn._attention_par(
+            out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+            hp.head_dim_v, model._kq_scale)),
+    ]
+    for i, (name, run) in enumerate(steps):
+        if progress:
+            progress(i, len(steps), name)
+        run()
+    if progress:
+        progress(len(steps), len(steps), "done")
 
 
 @dataclass(frozen=True)

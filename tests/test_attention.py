@@ -17,6 +17,7 @@ from synapse_nb.kernels import attention as A
 from synapse_nb.kernels.common import reduce_add_16
 from synapse_nb.kernels.ops import v_expf, v_expf_normal
 from synapse_nb.model import KVCache, load_model
+from synapse_nb.session import Session
 
 TINY = Path(__file__).parent / "data" / "tiny"
 
@@ -35,7 +36,7 @@ def test_kv_cache_has_llama_cpp_bytes_and_tiles_k():
     n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
     assert c.k.dtype == np.uint16 and c.v.dtype == np.uint16
     assert c.k.nbytes + c.v.nbytes == hp.n_layer * 4096 * (n_embd_k + n_embd_v) * 2
-    s = m.new_session(n_ctx=200)
+    s = Session(m, n_ctx=200)
     s.eval([1] + list(range(3, 140)))
     k = s.cache.k_rows(1, 138)
     assert k.shape == (138, n_embd_k)

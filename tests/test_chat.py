@@ -23,6 +23,7 @@ import pytest
 from conftest import DATA, VOCAB, real_model
 from synapse_nb import SynapseError, load_tokenizer
 from synapse_nb.chat import ChatTemplate, render_jinja
+from synapse_nb.session import Session
 
 CHAT = DATA / "chat"
 ROOT = Path(__file__).parents[1]
@@ -406,7 +407,7 @@ def test_conversation_rewinds_to_the_first_differing_token():
 
     model = load_model(real_model(SMOL))
     tok = model.tokenizer
-    conv = Conversation(model.new_session(n_ctx=256, n_threads=2), chat_renderer(tok), "You are terse.")
+    conv = Conversation(Session(model, n_ctx=256, n_threads=2), chat_renderer(tok), "You are terse.")
     r1 = conv.reply("Name a color.", n_predict=8)
     assert r1.n_reused == 0 and r1.n_evaluated == len(r1.prompt_tokens)
     conv.messages[-1]["content"] = "Red."  # the history now differs from the cache at the reply's first token
@@ -417,7 +418,7 @@ def test_conversation_rewinds_to_the_first_differing_token():
     assert r2.n_evaluated == len(r2.prompt_tokens) - r2.n_reused
     assert r2.n_past == conv.session.n_past == len(conv.cached)
     # the same greedy tokens as a fresh session evaluating the whole prompt at once
-    fresh = model.new_session(n_ctx=256, n_threads=2)
+    fresh = Session(model, n_ctx=256, n_threads=2)
     assert fresh.generate(r2.prompt_tokens, 8) == r2.tokens
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from synapse_nb.model import load_model
+from synapse_nb.session import Session
 
 TINY = Path(__file__).parent / "data" / "tiny"
 FIXTURES = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
@@ -65,7 +66,7 @@ def test_fixture_list_is_complete():
 def test_rule1_single_tokens(cache, name):
     model, golden = _model(cache, name)
     fl = is_float_format(name)
-    s = model.new_session(n_ctx=64)
+    s = Session(model, n_ctx=64)
     d = []
     for tok, ref in zip(golden["single_tokens"], golden["single_logits"]):
         s.reset()
@@ -85,7 +86,7 @@ def test_rules2_3_prompt_and_greedy(cache, name, prompt):
     ref_rows = golden[f"{prompt}_logits_tbt"]
     ref_gen = golden[f"{prompt}_gen_logits"]
     ref_greedy = golden[f"{prompt}_greedy"].astype(np.int64)
-    s = model.new_session(n_ctx=256)
+    s = Session(model, n_ctx=256)
 
     # Rule 2, prompt rows: batched prefill (64-token batches) vs llama.cpp's token-by-token rows
     rows = s.eval(tokens, all_logits=True)
@@ -124,7 +125,7 @@ def test_prompt_rows_bit_identical_to_llamacpp_single_token_path(cache, name):
     sequences). A failure here, with rules 1-3 passing, means one rounding point moved (a different
     libm, an fma contracted differently, a changed summation order): find it before relaxing this."""
     model, golden = _model(cache, name)
-    s = model.new_session(n_ctx=128)
+    s = Session(model, n_ctx=128)
     for prompt in ("ids", "text"):
         s.reset()
         rows = s.eval(golden[f"{prompt}_tokens"].astype(np.int64), all_logits=True)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY, real_model
+from synapse_nb.session import Session, warmup as session_warmup
 
 HERE = Path(__file__).parent
 PPL = HERE / "data" / "perplexity"
@@ -73,7 +74,7 @@ def model(name_or_path):
     if key not in _models:
         path = real_model(name_or_path) if key in KEY else name_or_path
         m = synapse_nb.load_model(path)
-        m.warmup()
+        session_warmup(m)
         _models[key] = m
     return _models[key]
 
@@ -363,7 +364,7 @@ def test_tiny_bos_procedure_against_session_logits():
     for c in range(n_chunk):
         chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
         chunk[0] = tok.bos_id
-        lg = m.new_session(n_ctx=n_ctx).eval(chunk, all_logits=True).astype(np.float64)
+        lg = Session(m, n_ctx=n_ctx).eval(chunk, all_logits=True).astype(np.float64)
         for p in range(n_ctx // 2, n_ctx - 1):
             row = lg[p] - lg[p].max()
             nll.append(math.log(np.exp(row).sum()) - row[ids[c * n_ctx + p + 1]])

@@ -21,6 +21,7 @@ import pytest
 
 from synapse_nb import SynapseError
 from synapse_nb.sampling import MT19937, Sampler, _Cands, _partial_sort_inplace, eog_logit_bias, parse_logit_bias
+from synapse_nb.session import Session
 
 DATA = Path(__file__).parent / "data"
 SAMPLING = DATA / "sampling"
@@ -227,7 +228,7 @@ def test_real_sampled_tbt_api(case):
         ncand.append(s.last_n_candidates)
         ps.append(s.last_p)
 
-    sess = m.new_session(n_threads=2)
+    sess = Session(m, n_threads=2)
     toks = sess.generate(case["prompt_tokens"], TBT["n_gen"], ignore_eos=True, on_token=record, sampler=s)
     assert toks == case["tokens"]
     assert us == case["u"]
@@ -265,7 +266,7 @@ def test_greedy_default_unchanged():
     assert doc["tokens"] == g["ids_greedy"][:16].tolist()
     assert "seed" not in doc and "sampler seed" not in res.stderr.decode()
     m = synapse_nb.load_model(TINY / "tiny-llama-f32.gguf")
-    assert m.new_session(n_threads=1).generate(toks, 16, ignore_eos=True) == g["ids_greedy"][:16].tolist()
+    assert Session(m, n_threads=1).generate(toks, 16, ignore_eos=True) == g["ids_greedy"][:16].tolist()
 
 
 def test_cli_random_seed_printed():

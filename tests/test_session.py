@@ -18,6 +18,7 @@ import pytest
 from synapse_nb import SynapseError
 from synapse_nb.model import load_model
 from synapse_nb.session import Session, first_row_diff, prefill_check
+from synapse_nb.session import Session, warmup as session_warmup
 
 TINY = Path(__file__).parent / "data" / "tiny"
 ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
@@ -65,7 +66,7 @@ def test_results_do_not_depend_on_thread_count(threads, name):
     toks = prompt(130, seed=2)
     out = []
     for nt in (1, 2):
-        s = model(name).new_session(n_ctx=256, n_threads=nt)
+        s = Session(model(name), n_ctx=256, n_threads=nt)
         rows = s.eval(toks, all_logits=True)
         nl = s.model.hparams.n_layer
         out.append((rows.view(np.uint32), np.stack([s.cache.k_rows(il, 130) for il in range(nl)]),
@@ -149,7 +150,7 @@ def test_prefill_check_reports_a_late_logit_difference(monkeypatch):
 
 def test_eval_shapes_and_n_past():
     m = model("tiny-qwen2-q4_k_m")
-    s = m.new_session(n_ctx=200)
+    s = Session(m, n_ctx=200)
     assert s.n_ctx == 200 and s.n_past == 0
     last = s.eval(prompt(70))
     assert last.shape == (N_VOCAB,) and last.dtype == np.float32 and s.n_past == 70
@@ -163,7 +164,7 @@ def test_last_row_equals_all_logits_last_row():
     # 100 tokens: the first batch of 64 computes no logits at all, the second only its last row
     m = model("tiny-llama-q4_k")
     toks = prompt(100, seed=3)
-    sa, sb = m.new_session(n_ctx=128), m.new_session(n_ctx=128)
+    sa, sb = Session(m, n_ctx=128), Session(m, n_ctx=128)
     a = sa.eval(toks)
     b = sb.eval(toks, all_logits=True)
     assert np.array_equal(a.view(np.uint32), b[-1].view(np.uint32))
@@ -171,13 +172,13 @@ def test_last_row_equals_all_logits_last_row():
 
 
 def test_default_n_ctx():
-    s = model("tiny-llama-f32").new_session()
+    s = Session(model("tiny-llama-f32"))
     assert s.n_ctx == min(512, 4096)
 
 
 def test_context_overflow_is_a_clear_error():
     m = model("tiny-llama-f32")
-    s = m.new_session(n_ctx=64)
+    s = Session(m, n_ctx=64)
     s.eval(prompt(60))
     with pytest.raises(SynapseError, match="n_ctx = 64"):
         s.eval([3, 4, 5, 6, 7])
@@ -197,7 +198,7 @@ def test_context_overflow_is_a_clear_error():
 
 def test_bad_inputs_are_clear_errors():
     m = model("tiny-llama-f32")
-    s = m.new_session(n_ctx=32)
+    s = Session(m, n_ctx=32)
     with pytest.raises(SynapseError, match="outside the vocabulary"):
         s.eval([1, N_VOCAB])
     with pytest.raises(SynapseError, match="outside the vocabulary"):
@@ -208,18 +209,18 @@ def test_bad_inputs_are_clear_errors():
         s.eval([1.5])
     assert s.n_past == 0
     with pytest.raises(SynapseError, match="n_ctx"):
-        m.new_session(n_ctx=0)
+        Session(m, n_ctx=0)
     with pytest.raises(SynapseError, match="n_threads"):
-        m.new_session(n_threads=0)
+        Session(m, n_threads=0)
     with pytest.raises(SynapseError, match="n_batch"):
-        m.new_session(n_batch=0)
+        Session(m, n_batch=0)
 
 
 def test_reset_gives_a_fresh_cache():
     m = model("tiny-mistral3-q4_k_m")
     toks = prompt(80, seed=4)
-    fresh = m.new_session(n_ctx=128).eval(toks, all_logits=True)
-    s = m.new_session(n_ctx=128)
+    fresh = Session(m, n_ctx=128).eval(toks, all_logits=True)
+    s = Session(m, n_ctx=128)
     s.eval(prompt(100, seed=5))
     s.reset()
     assert s.n_past == 0
@@ -239,9 +240,9 @@ def test_generate_is_greedy_argmax():
     m = model("tiny-llama-q8_0")
     toks = prompt(20, seed=7)
     seen = []
-    got = m.new_session(n_ctx=64).generate(toks, 12, ignore_eos=True, on_token=seen.append)
+    got = Session(m, n_ctx=64).generate(toks, 12, ignore_eos=True, on_token=seen.append)
     # the same loop by hand
-    s = m.new_session(n_ctx=64)
+    s = Session(m, n_ctx=64)
     logits = s.eval(toks)
     want = []
     for _ in range(12):
@@ -254,7 +255,7 @@ def test_generate_matches_golden_greedy_while_clear():
     # text prompt of tiny-qwen2-f32: llama.cpp's greedy continuation has clear margins throughout
     name = "tiny-qwen2-f32"
     g = np.load(TINY / "goldens" / f"{name}.npz")
-    got = model(name).new_session(n_ctx=128).generate(g["text_tokens"].tolist(), 32, ignore_eos=True)
+    got = Session(model(name), n_ctx=128).generate(g["text_tokens"].tolist(), 32, ignore_eos=True)
     assert got == g["text_greedy"].tolist()
 
 
@@ -273,10 +274,10 @@ def test_generate_stops_at_end_of_generation(monkeypatch):
 
     monkeypatch.setattr(Session, "eval", eos_after_3)
     seen = []
-    s = m.new_session(n_ctx=64)
+    s = Session(m, n_ctx=64)
     got = s.generate(prompt(20), 10, on_token=seen.append)
     assert got[-1] == eos and len(got) == 4 and seen == got[:-1] and s.stop_reason == "eog"
-    got = m.new_session(n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
+    got = Session(m, n_ctx=64).generate(prompt(20), 10, ignore_eos=True)
     assert len(got) == 10 and got[3:] == [eos] * 7
 
 
@@ -286,19 +287,19 @@ def test_generate_stops_when_the_context_is_full():
     name = "tiny-qwen2-f32"
     g = np.load(TINY / "goldens" / f"{name}.npz")
     toks, want = g["text_tokens"].tolist(), g["text_greedy"].tolist()
-    s = model(name).new_session(n_ctx=len(toks) + 7)
+    s = Session(model(name), n_ctx=len(toks) + 7)
     got = s.generate(toks, 30, ignore_eos=True)
     assert got == want[:7] and s.stop_reason == "context"
     assert s.n_past == len(toks) + 6  # the last token takes the last position and is not evaluated
-    s = model(name).new_session(n_ctx=len(toks) + 7)  # -1: no limit, the context decides
+    s = Session(model(name), n_ctx=len(toks) + 7)  # -1: no limit, the context decides
     assert s.generate(toks, -1, ignore_eos=True) == want[:7] and s.stop_reason == "context"
-    s = model(name).new_session(n_ctx=len(toks) + 7)  # both limits at once: n_predict wins, as llama.cpp
+    s = Session(model(name), n_ctx=len(toks) + 7)  # both limits at once: n_predict wins, as llama.cpp
     assert s.generate(toks, 7, ignore_eos=True) == want[:7] and s.stop_reason == "length"
-    s = model(name).new_session(n_ctx=len(toks) + 7)
+    s = Session(model(name), n_ctx=len(toks) + 7)
     assert s.generate(toks, 6, ignore_eos=True) == want[:6] and s.stop_reason == "length"
-    s = model(name).new_session(n_ctx=len(toks))  # a prompt that fills the context: nothing generated
+    s = Session(model(name), n_ctx=len(toks))  # a prompt that fills the context: nothing generated
     assert s.generate(toks, 5, ignore_eos=True) == [] and s.stop_reason == "context"
-    s = model(name).new_session(n_ctx=len(toks) + 1)
+    s = Session(model(name), n_ctx=len(toks) + 1)
     assert s.generate(toks, 5, ignore_eos=True) == want[:1] and s.stop_reason == "context"
     assert s.n_past == len(toks)
 
@@ -306,9 +307,9 @@ def test_generate_stops_when_the_context_is_full():
 def test_warmup_reports_progress_and_leaves_no_state():
     m = model("tiny-llama-hd128-q4_k_m")
     calls = []
-    m.warmup(progress=lambda done, total, name: calls.append((done, total, name)))
+    session_warmup(m, progress=lambda done, total, name: calls.append((done, total, name)))
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] == len(calls) - 1
-    s = m.new_session(n_ctx=16)
+    s = Session(m, n_ctx=16)
     assert s.n_past == 0
 
 
@@ -322,5 +323,5 @@ def test_inf_in_weights_gives_no_exception(tmp_path):
     data[t.offset:t.offset + 4] = np.array([np.inf], np.float32).tobytes()
     bad = tmp_path / "inf.gguf"
     bad.write_bytes(bytes(data))
-    logits = load_model(bad).new_session(n_ctx=16).eval([1, 5, 9])
+    logits = Session(load_model(bad), n_ctx=16).eval([1, 5, 9])
     assert logits.shape == (512,)
