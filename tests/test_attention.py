@@ -16,7 +16,8 @@ import pytest
 from synapse_nb.kernels import attention as A
 from synapse_nb.kernels.common import reduce_add_16
 from synapse_nb.kernels.ops import v_expf, v_expf_normal
-from synapse_nb.model import KVCache, load_model
+from synapse_nb.model import load_model
+from synapse_nb.session import KVCache
 from synapse_nb.session import Session
 
 TINY = Path(__file__).parent / "data" / "tiny"
