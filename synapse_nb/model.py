@@ -192,9 +192,8 @@ class Model:
             # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
             _ops.rms_norm_rows(h, x, L.attn_norm, eps)
             # Q, K, V projections (+ biases: qwen2)
-            L.wq.matmul(h, q)
-            L.wk.matmul(h, k)
-            L.wv.matmul(h, v)
+            # (h is converted to the weights' vec_dot_type once when they share it: same bytes)
+            _matmuls_sharing_input(h, ((L.wq, q), (L.wk, k), (L.wv, v)))
             if L.bq is not None:
                 q += L.bq
                 k += L.bk
@@ -228,8 +227,7 @@ class Model:
             # FFN RMSNorm
             _ops.rms_norm_rows(h, x, L.ffn_norm, eps)
             # SwiGLU FFN: down(silu(gate(h)) * up(h))
-            L.w_gate.matmul(h, gate)
-            L.w_up.matmul(h, up)
+            _matmuls_sharing_input(h, ((L.w_gate, gate), (L.w_up, up)))
             _ops.swiglu_rows(act, gate, up)
             L.w_down.matmul(act, o)
             # Residual: x = ffn_out + ffn_inp
@@ -238,6 +236,19 @@ class Model:
         # Final RMSNorm and the output head (token_embd when tied)
         _ops.rms_norm_rows(h, x, W.output_norm, eps)
         return W.output.matmul(h)
+
+
+def _matmuls_sharing_input(x: np.ndarray, pairs) -> None:
+    """out = w . x for each (BoundWeight w, out) of pairs, all reading the same x: x is converted
+    to a vec_dot_type once and reused by every weight that shares it (a weight of another type
+    converts its own), exactly the bytes each weight's own conversion would give."""
+    conv = []  # (weight whose conversion it is, converted x)
+    for w, out in pairs:
+        a = next((a for w0, a in conv if w0.shares_activation(w)), None)
+        if a is None:
+            a = w.quantize(x)
+            conv.append((w, a))
+        w.matmul_q(a, out)
 
 
 def load_model(path) -> Model:

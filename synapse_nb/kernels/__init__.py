@@ -140,7 +140,7 @@ class BoundWeight:
     """
 
     __slots__ = ("name", "fmt", "act_fmt", "rows", "m", "k", "act_row_bytes", "n_scratch",
-                 "_act", "_mm", "_deq")
+                 "_act", "_act1", "_mm", "_deq")
 
     def __init__(self, w):
         fmt, (act_name, act_drv, mm_drv, deq_drv), rows, m, k = _weight_rows(w)
@@ -150,15 +150,31 @@ class BoundWeight:
         self.act_row_bytes = self.act_fmt.row_bytes(k)
         self.n_scratch = _mm.scratch_ints(k)
         self._act, self._mm, self._deq = act_drv, mm_drv, deq_drv
+        self._act1 = _mm.ACT1_DRIVERS[act_name]
+
+    def shares_activation(self, other: "BoundWeight") -> bool:
+        """True when other converts its input to the same bytes (same vec_dot_type and n_in), so
+        one quantize() serves both (ggml converts the same values the same way each time)."""
+        return self.act_fmt is other.act_fmt and self.k == other.k
+
+    def quantize(self, x):
+        """x float32 [N, K] converted to this weight's vec_dot_type: uint8 [N, act_row_bytes]
+        (ggml's from_float; one row: the serial converter, no parallel launch)."""
+        a = np.empty((x.shape[0], self.act_row_bytes), np.uint8)
+        (self._act1 if x.shape[0] == 1 else self._act)(a, x)
+        return a
+
+    def matmul_q(self, a, out):
+        """out[N, M] = W . a for activations already converted by quantize() (of this weight or of
+        one that shares_activation with it). Returns out."""
+        self._mm(out, self.rows, a, self.n_scratch)
+        return out
 
     def matmul(self, x, out=None):
         """out[N, M] = x[N, K] W^T (see matmul()); out allocated when None. Returns out."""
         if out is None:
             out = np.empty((x.shape[0], self.m), np.float32)
-        a = np.empty((x.shape[0], self.act_row_bytes), np.uint8)
-        self._act(a, x)
-        self._mm(out, self.rows, a, self.n_scratch)
-        return out
+        return self.matmul_q(self.quantize(x), out)
 
     def get_rows(self, ids, out):
         """out[i] = dequantize(W[ids[i]]) (see get_rows()); out float32 [len(ids), K]. Returns out."""

@@ -70,6 +70,13 @@ _ACT = _DECORATOR + """def {name}(a, x):
         {mod}.{quantize}(a[n], x[n])
 """
 
+# The same for one row, serial: a decode step's activation is one row, and a parallel region
+# for it would only pay the threads' launch (the row function, hence the bytes, are the same).
+_ACT1 = '@njit(cache=True, error_model="numpy")\n' + """def {name}(a, x):
+    for n in range(x.shape[0]):
+        {mod}.{quantize}(a[n], x[n])
+"""
+
 # Matmul: y[n, m] = vec_dot(w[m], a[n]), every output one call of the row function (or of its
 # rows_dot twin, which makes the same operations per output).
 _MM = _DECORATOR + """def {name}(y, w, a, n_scratch):
@@ -100,7 +107,7 @@ def _define(src):
 
 
 def _build_tables():
-    act_drivers, kernels = {}, {}
+    act_drivers, act1_drivers, kernels = {}, {}, {}
     mods = {"legacy": legacy, "kquants": kquants, "quant_act": quant_act}
     for fmt in _F.registered_formats().values():
         if fmt.quantize_kernels is None:
@@ -108,6 +115,8 @@ def _build_tables():
         name = f"_act_{fmt.stem}"
         _define(_ACT.format(name=name, mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
         act_drivers[fmt.name] = globals()[name]
+        _define(_ACT1.format(name=f"_act1_{fmt.stem}", mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
+        act1_drivers[fmt.name] = globals()[f"_act1_{fmt.stem}"]
     for fmt in _F.weight_formats():
         mod = fmt.kernels
         rows = fmt.rows_dot_name()
@@ -120,12 +129,13 @@ def _build_tables():
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
                              globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
-    return act_drivers, kernels
+    return act_drivers, act1_drivers, kernels
 
 
-# ggml activation type name -> converter; ggml weight type name -> (activation format name,
-# activation converter, matmul driver, dequant driver). Block sizes and byte counts: formats.py.
-ACT_DRIVERS, KERNELS = _build_tables()
+# ggml activation type name -> converter (ACT1_DRIVERS: its serial twin for one row); ggml weight
+# type name -> (activation format name, activation converter, matmul driver, dequant driver).
+# Block sizes and byte counts: formats.py.
+ACT_DRIVERS, ACT1_DRIVERS, KERNELS = _build_tables()
 
 
 def kernels_for(type_name, what="tensor"):
