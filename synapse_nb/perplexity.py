@@ -473,23 +473,11 @@ class KLDResult:
         L.append("")
         L.append("====== KL divergence statistics ======")
         L.append(f"Mean    KLD: {f(st['kld_mean'], '10.6')} \u00b1 {f(st['kld_unc'], '10.6')}")
-        L.append(f"Maximum KLD: {f(st['kld_max'], '10.6')}")
-        for _, name in _PCTS_KLD:
-            L.append(f"{name}   KLD: {f(st['kld_pct'][name.strip()], '10.6')}")
-        L.append(f"Median  KLD: {f(st['kld_median'], '10.6')}")
-        for _, name in _PCTS_KLD_LO:
-            L.append(f"{name}   KLD: {f(st['kld_pct'][name.strip()], '10.6')}")
-        L.append(f"Minimum KLD: {f(st['kld_min'], '10.6')}")
+        _order_stats(L, st, "KLD", "kld", 1.0, "10.6", "", _PCTS_KLD, _PCTS_KLD_LO, f)
         L.append("")
         L.append("====== Token probability statistics ======")
         L.append(f"Mean    \u0394p: {f(100.0 * st['dp_mean'], '6.3')} \u00b1 {f(100.0 * st['dp_unc'], '5.3')} %")
-        L.append(f"Maximum \u0394p: {f(100.0 * st['dp_max'], '6.3')}%")
-        for _, name in _PCTS_DP:
-            L.append(f"{name}   \u0394p: {f(100.0 * st['dp_pct'][name.strip()], '6.3')}%")
-        L.append(f"Median  \u0394p: {f(100.0 * st['dp_median'], '6.3')}%")
-        for _, name in _PCTS_DP_LO:
-            L.append(f"{name}   \u0394p: {f(100.0 * st['dp_pct'][name.strip()], '6.3')}%")
-        L.append(f"Minimum \u0394p: {f(100.0 * st['dp_min'], '6.3')}%")
+        _order_stats(L, st, "\u0394p", "dp", 100.0, "6.3", "%", _PCTS_DP, _PCTS_DP_LO, f)
         L.append(f"RMS \u0394p    : {f(100.0 * st['dp_rms'], '6.3')} \u00b1 {f(100.0 * st['dp_rms_unc'], '5.3')} %")
         L.append(f"Same top p: {f(100.0 * st['same_top'], '6.3')} \u00b1 {f(100.0 * st['same_top_unc'], '5.3')} %")
         return "\n".join(L)
@@ -689,3 +677,15 @@ class _CallableModule(type(os)):
 import sys as _sys  # noqa: E402
 
 _sys.modules[__name__].__class__ = _CallableModule
+
+
+def _order_stats(L, st, label, key, scale, spec, unit, pcts_hi, pcts_lo, f):
+    """Append llama-perplexity's Maximum / high percentiles / Median / low percentiles / Minimum
+    lines of one statistic (KLD or Δp) to L, in its order and format."""
+    L.append(f"Maximum {label}: {f(scale * st[key + '_max'], spec)}{unit}")
+    for _, name in pcts_hi:
+        L.append(f"{name}   {label}: {f(scale * st[key + '_pct'][name.strip()], spec)}{unit}")
+    L.append(f"Median  {label}: {f(scale * st[key + '_median'], spec)}{unit}")
+    for _, name in pcts_lo:
+        L.append(f"{name}   {label}: {f(scale * st[key + '_pct'][name.strip()], spec)}{unit}")
+    L.append(f"Minimum {label}: {f(scale * st[key + '_min'], spec)}{unit}")

@@ -366,22 +366,9 @@ class Sampler:
         a = self._active
         if self.logit_bias:
             self._logit_bias(c)
-        if a["penalties"]:
-            self._penalties(c)
-        if a["top-n-sigma"]:
-            self._top_n_sigma(c)
-        if a["top-k"]:
-            self._top_k(c)
-        if a["typical"]:
-            self._typical(c)
-        if a["top-p"]:
-            self._top_p(c)
-        if a["min-p"]:
-            self._min_p(c)
-        if a["xtc"]:
-            self._xtc(c)
-        if a["temp-ext"]:
-            self._temp_ext(c)
+        for name in CHAIN_ORDER:  # common_sampler_init's order; a disabled sampler is a no-op
+            if a.get(name):
+                getattr(self, "_" + name.replace("-", "_"))(c)
         self._dist(c)
 
     def _logit_bias(self, c: _Cands) -> None:
