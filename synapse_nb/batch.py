@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 from .errors import SynapseError
-from .session import Session, warmup as session_warmup
 
 # Sampling options a line may carry: synapse_nb.Sampler's parameter names.
 SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "penalty_last_n", "repeat_penalty",
@@ -179,6 +178,9 @@ class Decoder:
         self.add_special = add_special
         self.parse_special = parse_special
         self.sampling = dict(sampling or {})
+        # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.
+        from .session import Session, warmup as session_warmup
+
         self.session = Session(self.model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.n_threads = self.session.n_threads or _numba_threads()
         session_warmup(self.model)
