@@ -342,7 +342,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json, verbose, chat,
           sampling=None):
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
-    from synapse_nb import SynapseError
     from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
     from synapse_nb.model import load_model
     from synapse_nb.session import Session, default_n_ctx, warmup as session_warmup

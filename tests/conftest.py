@@ -4,6 +4,8 @@ Import in a test module with `from conftest import DATA, TINY, real_model` (pyte
 puts tests/ on sys.path).
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +63,22 @@ def damaged_copy(src: Path, dst: Path, patches=(), size=None) -> Path:
         del b[size:]
     Path(dst).write_bytes(bytes(b))
     return Path(dst)
+
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_cli(*args, input=None, timeout=600, env=None):
+    """Run llama-decode (python -m cli.main, from the repository root) in a subprocess; returns the
+    CompletedProcess with bytes stdout/stderr."""
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], input=input, capture_output=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def one_error_line(res) -> str:
+    """The one non-empty stderr line of a failed run (asserts there is exactly one, no traceback)."""
+    err = res.stderr.decode()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, VOCAB, real_model
+from conftest import one_error_line, run_cli
 from synapse_nb import SynapseError, load_tokenizer
 from synapse_nb.chat import ChatTemplate, render_jinja
 from synapse_nb.session import Session
@@ -48,17 +49,7 @@ def tokenizer_of(model_file: str):
     return _TOKENIZERS[model_file]
 
 
-def run(*args, input=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], input=input, capture_output=True,
-                          timeout=timeout, cwd=ROOT)
-
-
-def one_error_line(res) -> str:
-    err = res.stderr.decode()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
+run = run_cli
 
 
 def case_id(c):

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import one_error_line, run_cli
+
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny"
 REAL = {
@@ -27,10 +29,7 @@ REAL = {
 }
 
 
-def run(*args, input=None, timeout=600):
-    """Run llama-decode in a subprocess; returns CompletedProcess with bytes stdout/stderr."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], input=input,
-                          capture_output=True, timeout=timeout, cwd=Path(__file__).parents[1])
+run = run_cli  # llama-decode in a subprocess, from the repository root
 
 
 def real_model_path(name: str) -> Path:
@@ -40,14 +39,6 @@ def real_model_path(name: str) -> Path:
         return resolve_model(name)
     except Exception as e:  # the README's test command fetches them first; absent is a failure
         pytest.fail(f"{name} is not fetched ({e}); run: python3 -m synapse_nb.models fetch all")
-
-
-def one_error_line(res) -> str:
-    err = res.stderr.decode()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
 
 
 # ---------------------------------------------------------------- bad input

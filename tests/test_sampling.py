@@ -23,6 +23,8 @@ from synapse_nb import SynapseError
 from synapse_nb.sampling import MT19937, Sampler, _Cands, _partial_sort_inplace, eog_logit_bias, parse_logit_bias
 from synapse_nb.session import Session
 
+from conftest import one_error_line, run_cli
+
 DATA = Path(__file__).parent / "data"
 SAMPLING = DATA / "sampling"
 GOLDENS = DATA / "tiny" / "goldens"
@@ -35,17 +37,7 @@ MODEL_NAMES = {"SmolLM2-135M-Instruct.Q4_1": "smollm2-135m-instruct-q4_1",
                "qwen2.5-coder-0.5b-instruct-q4_k_m": "qwen2.5-coder-0.5b-instruct-q4_k_m"}
 
 
-def run(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True,
-                          timeout=timeout, cwd=ROOT)
-
-
-def one_error_line(res) -> str:
-    err = res.stderr.decode()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
+run = run_cli
 
 
 def _params(case):
