@@ -450,16 +450,23 @@ def m_nanweights(rng, lay, buf):
     return bytes(b), f"nanweights {t.name.decode()} {val} x{k}"
 
 
+def _array_strings(entry) -> list[bytes]:
+    """The elements of a string-array key/value of a parsed layout (its raw bytes: type, count, strings)."""
+    _, n = struct.unpack_from("<IQ", entry.raw)
+    pos, out = 12, []
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<Q", entry.raw, pos)
+        out.append(entry.raw[pos + 8:pos + 8 + ln])
+        pos += 8 + ln
+    return out
+
+
 def m_vocab(rng, lay, buf):
     toks = lay.kv("tokenizer.ggml.tokens")
     if toks is None or toks.vtype != ARRAY:
         return m_typeswap(rng, lay, buf)
-    et, n = struct.unpack_from("<IQ", toks.raw)
-    pos, strs = 12, []
-    for _ in range(n):
-        (ln,) = struct.unpack_from("<Q", toks.raw, pos)
-        strs.append(toks.raw[pos + 8:pos + 8 + ln])
-        pos += 8 + ln
+    strs = _array_strings(toks)
+    n = len(strs)
     op = rng.choice(["dup", "empty", "badutf8", "shorter", "longer", "one", "none", "scores_short", "scores_type",
                      "types_range", "types_short", "types_type", "merges_garbage", "merges_type", "model", "pre",
                      "special_range", "byte_tokens", "control_text"])
@@ -645,19 +652,10 @@ def make_micro_bpe(dst: Path) -> None:
     vbuf = (DATA / "vocab" / "ggml-vocab-smollm.gguf").read_bytes()
     vlay = parse_layout(vbuf)
 
-    def strings(x):
-        _, n = struct.unpack_from("<IQ", x.raw)
-        pos, out = 12, []
-        for _ in range(n):
-            (ln,) = struct.unpack_from("<Q", x.raw, pos)
-            out.append(x.raw[pos + 8:pos + 8 + ln])
-            pos += 8 + ln
-        return out
-
-    toks = strings(vlay.kv("tokenizer.ggml.tokens"))[:512]
+    toks = _array_strings(vlay.kv("tokenizer.ggml.tokens"))[:512]
     have = set(toks)
     merges = []
-    for m in strings(vlay.kv("tokenizer.ggml.merges")):
+    for m in _array_strings(vlay.kv("tokenizer.ggml.merges")):
         a, _, b = m.partition(b" ")
         if a in have and b in have and a + b in have:
             merges.append(m)
