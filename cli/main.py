@@ -36,6 +36,26 @@ def _one_line(msg: str, limit: int = 500) -> str:
     return out if len(out) <= limit else out[:limit] + "..."
 
 
+class _AtLeast(click.ParamType):
+    """An integer option with a lower bound, checked where click parses it (one place for every mode:
+    completion, chat, batch, perplexity): below it is the one-line usage error "must be >= MIN"."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, note: str = ""):
+        self.minimum, self.note = minimum, note
+
+    def convert(self, value, param, ctx):
+        v = click.INT.convert(value, param, ctx)
+        if v < self.minimum:  # named as the checks did: "Invalid value for -b/--batch-size: ..."
+            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx,
+                                     param_hint="/".join(param.opts) if param is not None else None)
+        return v
+
+
+_COUNT = _AtLeast(1)
+
+
 def _parse_token_list(text: str) -> list[int]:
     # ids separated by commas and/or whitespace; "1 2" is two ids, never 12
     try:
@@ -169,18 +189,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if chat is not None and (chat["system_prompt"] is not None or chat["chat_template_file"] is not None):
         raise click.UsageError("-sys/--system-prompt and --chat-template-file apply to -cnv/--conversation or "
                                "-st/--single-turn")
-    if n_predict < -1:
-        raise click.BadParameter("must be >= 0, or -1 for no limit", param_hint="-n/--n-predict")
-    if batch_size < 1:
-        raise click.BadParameter("must be >= 1", param_hint="-b/--batch-size")
-    if threads is not None and threads < 1:
-        raise click.BadParameter("must be >= 1", param_hint="-t/--threads")
     if logits_out is not None and not logits_out.endswith(".npy"):
         raise click.BadParameter("must end in .npy", param_hint="--logits-out")
     if logits_out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(logits_out))):
         raise click.BadParameter(f"{logits_out}: no such directory", param_hint="--logits-out")
-    if ctx_size is not None and ctx_size < 1:
-        raise click.BadParameter("must be >= 1", param_hint="-c/--ctx-size")
 
     t_start = time.perf_counter()
     path = resolve_model(model_arg)
@@ -349,11 +361,6 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
         n_predict = -1  # llama.cpp's default in conversation: until end-of-generation or a full context
-    if n_predict < -1:
-        raise click.BadParameter("must be >= -1 (-1: no limit)", param_hint="-n/--n-predict")
-    for v, hint in ((batch_size, "-b/--batch-size"), (threads, "-t/--threads"), (ctx_size, "-c/--ctx-size")):
-        if v is not None and v < 1:
-            raise click.BadParameter("must be >= 1", param_hint=hint)
     template = origin = None
     if chat["chat_template_file"] is not None:
         template, origin = read_template_file(chat["chat_template_file"]), chat["chat_template_file"]
@@ -492,10 +499,8 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
     given = [name for name, v in single.items() if v not in (None, False)]
     if given:
         raise click.UsageError(f"{given[0]} does not go with --batch (the prompts are the lines of IN)")
-    for name, v in (("-j/--workers", workers), ("-t/--threads", threads), ("-n/--n-predict", options["n_predict"]),
-                    ("-b/--batch-size", options["n_batch"]), ("-c/--ctx-size", options["n_ctx"])):
-        if v is not None and v < (0 if name == "-n/--n-predict" else 1):
-            raise click.BadParameter(f"must be >= {0 if name == '-n/--n-predict' else 1}", param_hint=name)
+    if options["n_predict"] < 0:  # a batch line always has a limit (-1 is for one interactive run)
+        raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
     return run_file(model, batch_in, batch_out, workers=workers, n_threads=threads, ray_address=ray_address,
                     **options)
 
@@ -504,12 +509,12 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 @click.argument("model")
 @click.argument("prompt", required=False)
 @click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
-@click.option("-n", "--n-predict", type=int, default=128, show_default=True,
+@click.option("-n", "--n-predict", type=_AtLeast(-1, " (-1: no limit)"), default=128, show_default=True,
               help="Tokens to generate; -1: until end of generation or a full context.")
-@click.option("-c", "--ctx-size", type=int, default=None,
+@click.option("-c", "--ctx-size", type=_COUNT, default=None,
               help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")
-@click.option("-b", "--batch-size", type=int, default=64, show_default=True, help="Prefill batch size.")
-@click.option("-t", "--threads", type=int, default=None, help="Threads [default: all cores].")
+@click.option("-b", "--batch-size", type=_COUNT, default=64, show_default=True, help="Prefill batch size.")
+@click.option("-t", "--threads", type=_COUNT, default=None, help="Threads [default: all cores].")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @click.option("--no-parse-special", is_flag=True, help="Treat special-token text in the prompt as plain text.")
 @click.option("--no-add-special", is_flag=True, help="Do not add BOS/EOS to the prompt.")
@@ -538,7 +543,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
               help='Batch mode: one input per line, {"id": ..., "prompt": "..."} or {"id": ..., "tokens": [...]}.')
 @click.option("--output", "batch_out", type=str, default=None, metavar="OUT.jsonl",
               help="Batch results, one line per input, appended as they are done; a re-run skips ids already in it.")
-@click.option("-j", "--workers", type=int, default=None,
+@click.option("-j", "--workers", type=_COUNT, default=None,
               help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Batch mode on Ray: a local Ray, or join the cluster at ADDRESS (pip install 'synapse_nb[ray]').")

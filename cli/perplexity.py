@@ -26,10 +26,6 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
 
     from .main import _Compiling, _log, _parse_token_list, _read_prompt
 
-    if batch_size < 1:
-        raise click.BadParameter("must be >= 1", param_hint="-b/--batch-size")
-    if threads is not None and threads < 1:
-        raise click.BadParameter("must be >= 1", param_hint="-t/--threads")
     if chunks is not None and chunks == 0:
         raise click.BadParameter("must be >= 1 (or -1 for all)", param_hint="--chunks")
     if kl_divergence and kld_base is None:
