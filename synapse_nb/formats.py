@@ -179,6 +179,10 @@ class BlockFormat:
         """Name of the optional multi-row dot function (rows_dot_<stem>_<act stem>)."""
         return f"rows_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
 
+    def vec_dot4_name(self) -> str:
+        """Name of the optional four-weight-row dot function (vec_dot4_<stem>_<act stem>)."""
+        return f"vec_dot4_{self.stem}_{format_of(self.vec_dot_type).stem}"
+
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of k values (k a multiple of block_size)."""
         return k // self.block_size * self.type_size

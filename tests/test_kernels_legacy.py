@@ -135,6 +135,15 @@ def test_matmul_matches_ggml_vec_dot(name):
     assert same_bits(y, d["y"])
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_matvec_matches_ggml_vec_dot(name):
+    """One activation row (the decode path: vec_dot4 where the format has it) against ggml's
+    vec_dot on the fixture, bit for bit, row by row."""
+    w, d = fixture_weight(name)
+    for n in range(len(d["x"])):
+        assert same_bits(matvec(w, d["x"][n]), d["y"][n]), n
+
+
 @pytest.mark.parametrize("name", LEGACY)
 @pytest.mark.parametrize("k", [96, 896])
 def test_dot_matches_numpy_reference(name, k):
@@ -149,6 +158,10 @@ def test_dot_matches_numpy_reference(name, k):
     rows = w.data.reshape(24, -1)
     ref = np.array([[fmt.vec_dot(rows[m], a[n]) for m in range(24)] for n in range(len(x))], np.float32)
     assert same_bits(y, ref)
+    # one row at a time, 22 weight rows (a 16-row chunk, then 4 + 2: vec_dot4's remainder path)
+    for n in range(len(x)):
+        w22 = T(w.name, w.ggml_type, (22, k), rows[:22].reshape(-1))
+        assert same_bits(matvec(w22, x[n]), ref[n, :22]), n
 
 
 # --- dequantize / get_rows -------------------------------------------------------------------

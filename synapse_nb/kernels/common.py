@@ -37,6 +37,7 @@ HOST_FEATURES = {} if (config.CPU_NAME or config.CPU_FEATURES) else dict(llvm_bi
 HAS_F16C = bool(HOST_FEATURES.get("f16c"))
 HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
 HAS_PSHUFB = bool(HOST_FEATURES.get("ssse3"))
+HAS_VNNI512 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512bw"))
 
 # ggml-common.h kvalues_iq4nl: the 16 non-linear levels of IQ4_NL / IQ4_XS (defined in formats.py).
 KVALUES_IQ4NL = _KVALUES_IQ4NL
@@ -317,6 +318,26 @@ def _lanes_vnni(builder, w8, a8, signed):
     return builder.call(fn, [ir.Constant(i32x8, [0] * 8), builder.bitcast(w8, i32x8), builder.bitcast(a8, i32x8)])
 
 
+def _lanes_vnni512(builder, w8, a8, signed):
+    i8x64, i32x16 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16)
+    if signed:
+        neg = builder.icmp_signed("<", w8, ir.Constant(i8x64, [0] * 64))
+        w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x16, [i32x16] * 3),
+                                        "llvm.x86.avx512.vpdpbusd.512")
+    return builder.call(fn, [ir.Constant(i32x16, [0] * 16), builder.bitcast(w8, i32x16), builder.bitcast(a8, i32x16)])
+
+
+def _lanes_portable64(builder, w8, a8, signed):
+    i32x64 = ir.VectorType(_I32, 64)
+    wv = builder.sext(w8, i32x64) if signed else builder.zext(w8, i32x64)
+    prod = builder.mul(wv, builder.sext(a8, i32x64))
+    undef = ir.Constant(i32x64, ir.Undefined)
+    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, 16), list(range(k, 64, 4))))
+             for k in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
 def ir_lanes(builder, w8, a8, signed):
     """<8 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <32 x i8> weights w (signed, or unsigned
     0..255 when not ``signed``) and signed activations a: exact (ggml's maddubs + madd)."""
@@ -366,6 +387,108 @@ def make_block_lanes_fma(decode, signed):
         return sig, codegen
 
     return block_lanes_fma
+
+
+def ir_f16_vec_to_f32(builder, h16):
+    """<n x i16> F16 bits -> <n x float>, exact (vcvtph2ps with F16C, else integer IR)."""
+    if HAS_F16C:
+        n = h16.type.count
+        return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)), ir.VectorType(_F32, n))
+    return _ir_f16_to_f32(builder, h16)
+
+
+def ir_nibbles64(builder, p0, p1):
+    """16 bytes at p0 and at p1 -> <64 x i8>: ir_nibbles32(p0) then ir_nibbles32(p1), with one
+    and / one shift over both rows' bytes."""
+    i8x32 = ir.VectorType(_I8, 32)
+    v = builder.shuffle_vector(_vload(builder, p0, 16), _vload(builder, p1, 16),
+                               ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    lo = builder.and_(v, ir.Constant(i8x32, [15] * 32))
+    hi = builder.lshr(v, ir.Constant(i8x32, [4] * 32))
+    order = list(range(0, 16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
+
+
+PREFETCH_GROUPS = 2  # how many 4-row groups ahead make_block4_dot prefetches the weights
+
+
+def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
+    """Build the four-row block intrinsic of a 32-value block format:
+        block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
+    does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
+    lanes, same roundings), with the rows' scalars and lanes in vectors:
+      d_r = F16(w_r[w_off + d_off]) * F16(a[a_off + a_d_off])          (4 products in one vmulps)
+      acc_r[l] = fma(d_r, float(lanes_r[l]), acc_r[l]), l < 8         (two rows per 16-lane op)
+      with_min: sums[2r+1] = fma(F16(m_r), F16(s), sums[2r+1]), m_r at w_off + d_off + 2 and s at
+      a_off + a_d_off + 2 (the even lanes of sums hold junk: read only the odd ones).
+    acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
+    buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
+    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>."""
+    v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
+    i16, i32 = ir.IntType(16), _I32
+
+    @intrinsic
+    def block4_dot(typingctx, acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off):
+        sig = types.void(acc01, acc23, sums, w0, w1, w2, w3, types.intp, a_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            p01, p23, ps, r0, r1, r2, r3, wo, a, ao = args
+            wp = [builder.gep(_data(context, builder, signature.args[3 + r], v), [wo])
+                  for r, v in enumerate((r0, r1, r2, r3))]
+            ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
+            # The four rows (adjacent in memory) are read side by side, each slowly (one block a
+            # step): the hardware prefetchers lose track of them, so the group PREFETCH_GROUPS
+            # ahead (rows m + 4g ..) is fetched here at the rate this group is read (4 blocks a
+            # step, two lines). A prefetch past the end of the mapping is dropped, never a fault.
+            pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]), "llvm.prefetch.p0i8")
+            i64 = ir.IntType(64)
+            stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
+            ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
+                                builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
+            for extra in (0, 64):
+                builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
+                                  ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            def at(ptr, off, ty):
+                return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]),
+                                                    ty.as_pointer()), align=1)
+
+            if with_min:  # (d, m) of each row as one i32: [d0, m0, d1, m1, ...] after the conversion
+                wv = ir.Constant(ir.VectorType(i32, 4), ir.Undefined)
+                for r in range(4):
+                    wv = builder.insert_element(wv, at(wp[r], d_off, i32), ir.Constant(i32, r))
+                wf = ir_f16_vec_to_f32(builder, builder.bitcast(wv, ir.VectorType(i16, 8)))
+                av = _splat(builder, at(ap, a_d_off, i32), 4)
+                af = ir_f16_vec_to_f32(builder, builder.bitcast(av, ir.VectorType(i16, 8)))
+                dprod = builder.fmul(wf, af)
+                fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+                sptr = builder.bitcast(ps, v8f.as_pointer())
+                builder.store(builder.call(fma8, [wf, af, builder.load(sptr, align=4)]), sptr, align=4)
+                pick = (0, 2, 4, 6)
+            else:
+                wv = ir.Constant(ir.VectorType(i16, 4), ir.Undefined)
+                for r in range(4):
+                    wv = builder.insert_element(wv, at(wp[r], d_off, i16), ir.Constant(i32, r))
+                wf = ir_f16_vec_to_f32(builder, wv)
+                af = ir_f16_vec_to_f32(builder, _splat(builder, at(ap, a_d_off, i16), 4))
+                dprod = builder.fmul(wf, af)
+                pick = (0, 1, 2, 3)
+            a32 = ir_int8x32(builder, builder.gep(ap, [ir.Constant(ir.IntType(64), a_q_off)]))
+            a64 = builder.shuffle_vector(a32, a32, ir.Constant(ir.VectorType(_I32, 64), list(range(32)) * 2))
+            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+            for pair, accp in ((0, p01), (1, p23)):
+                w8 = decode2(builder, wp[2 * pair], wp[2 * pair + 1])
+                lanes = (_lanes_vnni512 if HAS_VNNI512 else _lanes_portable64)(builder, w8, a64, signed)
+                i0, i1 = pick[2 * pair], pick[2 * pair + 1]
+                dv = builder.shuffle_vector(dprod, dprod, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
+                vptr = builder.bitcast(accp, v16f.as_pointer())
+                acc = builder.load(vptr, align=4)
+                builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), acc]), vptr, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block4_dot
 
 
 def make_block_dequant(decode, with_min):
@@ -528,6 +651,33 @@ def acc8_hsum(context, builder, sig, args):
     r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
     r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
     return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
+
+
+_V16F = ir.VectorType(_F32, 16)
+
+
+@ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
+def acc16_zero(context, builder, sig, args):
+    """acc[0:16] = 0 (acc_ptr from stack_f32(16), the accumulators of a two-row block intrinsic)."""
+    builder.store(ir.Constant(_V16F, [0.0] * 16), builder.bitcast(args[0], _V16F.as_pointer()), align=4)
+
+
+@ir_intrinsic(lambda acc_ptr, half: types.float32(acc_ptr, types.intp))
+def acc16_hsum(context, builder, sig, args):
+    """hsum_float_8 (ggml's order, as acc8_hsum) of lanes 8*half .. 8*half+7 of acc[0:16]."""
+    v = builder.load(builder.bitcast(args[0], _V16F.as_pointer()), align=4)
+    base = builder.mul(builder.trunc(args[1], _I32), ir.Constant(_I32, 8))
+    a = [builder.extract_element(v, builder.add(base, ir.Constant(_I32, i))) for i in range(8)]
+    r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
+    r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
+    return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
+
+
+@ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))
+def acc8_lane(context, builder, sig, args):
+    """acc[i] of 8 float32 touched only as a vector (e.g. the sums of make_block4_dot)."""
+    v = builder.load(_acc8(builder, args[0]), align=4)
+    return builder.extract_element(v, builder.trunc(args[1], _I32))
 
 
 @intrinsic

@@ -36,9 +36,10 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
-                     copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32,
-                     ir_lookup_nibbles32, ir_nibbles32, make_block_dequant, make_block_lanes_fma, ptr_offset,
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc16_hsum, acc16_zero, acc8_add, acc8_lane, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
+                     copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32, ir_nibbles64,
+                     ir_lookup_nibbles32, ir_nibbles32, make_block4_dot, make_block_dequant, make_block_lanes_fma,
+                     ptr_offset,
                      reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
@@ -107,6 +108,32 @@ def _decode_iq4_nl(b, p):
     return ir_lookup_nibbles32(b, _gep(b, p, 2), IQ4NL_TABLE_S8)
 
 
+def _concat64(b, v0, v1):
+    return b.shuffle_vector(v0, v1, ir.Constant(ir.VectorType(ir.IntType(32), 64), list(range(64))))
+
+
+def _decode2_q4_0(b, p0, p1):
+    return ir_add_const(b, ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2)), -8)
+
+
+def _decode2_q4_1(b, p0, p1):
+    return ir_nibbles64(b, _gep(b, p0, 4), _gep(b, p1, 4))
+
+
+def _decode2_q5_0(b, p0, p1):
+    hb = _concat64(b, ir_high_bits32(b, _gep(b, p0, 2)), ir_high_bits32(b, _gep(b, p1, 2)))
+    return ir_add_const(b, b.or_(ir_nibbles64(b, _gep(b, p0, 6), _gep(b, p1, 6)), hb), -16)
+
+
+def _decode2_q5_1(b, p0, p1):
+    hb = _concat64(b, ir_high_bits32(b, _gep(b, p0, 4)), ir_high_bits32(b, _gep(b, p1, 4)))
+    return b.or_(ir_nibbles64(b, _gep(b, p0, 8), _gep(b, p1, 8)), hb)
+
+
+def _decode2_q8_0(b, p0, p1):
+    return _concat64(b, ir_int8x32(b, _gep(b, p0, 2)), ir_int8x32(b, _gep(b, p1, 2)))
+
+
 # The 32-value block formats, one line each: (stem, its activation format's stem, block bytes,
 # activation block bytes, offset of the 32 int8 activations in their block, signed weights,
 # a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
@@ -121,8 +148,10 @@ _BLOCK_FORMATS = (
 
 # Per-block intrinsics (common.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
 # dequantization of one block.
-for _stem, _, _, _, _, _signed, _with_min, _ in _BLOCK_FORMATS:
+for _stem, _, _, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
+    if _stem != "iq4_nl":  # four weight rows at once (vec_dot4; IQ4_NL keeps the pair kernel)
+        globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
 
@@ -195,6 +224,30 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
 '''
 
+_VEC_DOT4 = '''
+@njit(cache=True, error_model="numpy")
+def vec_dot4_{w}_{a}(y, m, w, a_row):
+    """y[m + r] = vec_dot_{w}_{a}(w[m + r], a_row) for r < 4, bit for bit: per block the same
+    operations per row (_blk4_{w}), the four rows' scalars and lanes in shared vector operations and
+    their accumulator chains overlapping (one row alone is bound by its fma chain's latency)."""
+    nb = w.shape[1] // {WB}
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    p01, p23, sums = stack_f32(16), stack_f32(16), stack_f32(8)
+    acc16_zero(p01)
+    acc16_zero(p23)
+    acc8_zero(sums)
+    for b in range(nb):
+        _blk4_{w}(p01, p23, sums, w0, w1, w2, w3, b * {WB}, a_row, b * {AB})
+    y[m] = acc16_hsum(p01, 0) + acc8_lane(sums, 1)  #M
+    y[m + 1] = acc16_hsum(p01, 1) + acc8_lane(sums, 3)  #M
+    y[m + 2] = acc16_hsum(p23, 0) + acc8_lane(sums, 5)  #M
+    y[m + 3] = acc16_hsum(p23, 1) + acc8_lane(sums, 7)  #M
+    y[m] = acc16_hsum(p01, 0)  #-
+    y[m + 1] = acc16_hsum(p01, 1)  #-
+    y[m + 2] = acc16_hsum(p23, 0)  #-
+    y[m + 3] = acc16_hsum(p23, 1)  #-
+'''
+
 ROWS_GROUP = 64  # activation rows per pass of rows_dot (stack: 64 x 8 float32 per accumulator set)
 
 
@@ -218,6 +271,7 @@ for _fmt in _BLOCK_FORMATS:
     if _fmt[0] != "iq4_nl":
         _define(_VEC_DOT, _fmt)
         _define(_ROWS_DOT, _fmt)
+        _define(_VEC_DOT4, _fmt)
 
 
 @njit(cache=True, error_model="numpy")

@@ -78,19 +78,33 @@ _ACT1 = '@njit(cache=True, error_model="numpy")\n' + """def {name}(a, x):
 """
 
 # Matmul: y[n, m] = vec_dot(w[m], a[n]), every output one call of the row function (or of its
-# rows_dot twin, which makes the same operations per output).
+# rows_dot / vec_dot4 twins, which make the same operations per output). One token (N == 1) takes
+# the pair kernel, or vec_dot4 (four weight rows at once) where the format has it; several take
+# rows_dot (each weight block decoded once for all activation rows) where it has it.
 _MM = _DECORATOR + """def {name}(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
-        for m in range(c * CHUNK_ROWS, min(m_rows, (c + 1) * CHUNK_ROWS)):
-{inner}"""
-_MM_PAIRS = """            for n in range(a.shape[0]):
-                y[n, m] = {mod}.{dot}(w[m], a[n], scratch)
-"""
-_MM_ROWS = """            if a.shape[0] == 1:  # one token: the pair kernel (accumulators stay in a register)
+        m0 = c * CHUNK_ROWS
+        m1 = min(m_rows, m0 + CHUNK_ROWS)
+        if a.shape[0] == 1:
+{one}        else:
+{many}"""
+_MM_ONE_PAIRS = """            for m in range(m0, m1):
                 y[0, m] = {mod}.{dot}(w[m], a[0], scratch)
-            else:
+"""
+_MM_ONE_DOT4 = """            m = m0
+            while m + 4 <= m1:
+                {mod}.{dot4}(y[0], m, w, a[0])
+                m += 4
+            for r in range(m, m1):
+                y[0, r] = {mod}.{dot}(w[r], a[0], scratch)
+"""
+_MM_PAIRS = """            for m in range(m0, m1):
+                for n in range(a.shape[0]):
+                    y[n, m] = {mod}.{dot}(w[m], a[n], scratch)
+"""
+_MM_ROWS = """            for m in range(m0, m1):
                 {mod}.{rows}(y, m, w[m], a)
 """
 
@@ -123,9 +137,10 @@ def _build_tables():
         for fn in (fmt.vec_dot_name(), f"dequantize_row_{fmt.stem}"):
             if not hasattr(mods[mod], fn):  # a format registered without its row functions
                 raise ImportError(f"synapse_nb.kernels.{mod} has no {fn} (formats.{fmt.name}.kernels)")
-        inner = (_MM_ROWS if hasattr(mods[mod], rows) else _MM_PAIRS).format(
-            mod=mod, dot=fmt.vec_dot_name(), rows=rows)
-        _define(_MM.format(name=f"_mm_{fmt.stem}", inner=inner))
+        names = dict(mod=mod, dot=fmt.vec_dot_name(), rows=rows, dot4=fmt.vec_dot4_name())
+        one = _MM_ONE_DOT4 if hasattr(mods[mod], names["dot4"]) else _MM_ONE_PAIRS
+        many = _MM_ROWS if hasattr(mods[mod], rows) else _MM_PAIRS
+        _define(_MM.format(name=f"_mm_{fmt.stem}", one=one.format(**names), many=many.format(**names)))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
                              globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
