@@ -36,9 +36,9 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc16_hsum, acc16_zero, acc8_add, acc8_lane, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc2_lane, acc2_zero, acc16_hsum, acc16_zero, acc8_add, acc8_lane, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
                      copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32, ir_nibbles64,
-                     ir_lookup_nibbles32, ir_nibbles32, make_block4_dot, make_block_dequant, make_block_lanes_fma,
+                     ir_lookup_nibbles32, ir_nibbles32, make_block2_dot, make_block4_dot, make_block_dequant, make_block_lanes_fma,
                      ptr_offset,
                      reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
@@ -152,6 +152,7 @@ for _stem, _, _, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
     if _stem != "iq4_nl":  # four weight rows at once (vec_dot4; IQ4_NL keeps the pair kernel)
         globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
+        globals()[f"_blk2_{_stem}"] = make_block2_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
 
@@ -224,6 +225,31 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
 '''
 
+_ROWS_DOT2 = '''
+@njit(cache=True, error_model="numpy")
+def rows_dot2_{w}_{a}(y, m, w, a):
+    """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 2 and every row n of a (bit for bit):
+    rows_dot for two weight rows at once, their blocks side by side in 16-lane operations
+    (_blk2_{w})."""
+    nb = w.shape[1] // {WB}
+    w0, w1 = w[m], w[m + 1]
+    accs = stack_f32(1024)
+    sums = stack_f32(128)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc16_zero(ptr_offset(accs, 16 * n))
+            acc2_zero(ptr_offset(sums, 2 * n))
+        for b in range(nb):
+            for n in range(ng):
+                _blk2_{w}(ptr_offset(accs, 16 * n), ptr_offset(sums, 2 * n), w0, w1, b * {WB}, a[g + n], b * {AB})
+        for n in range(ng):
+            y[g + n, m] = acc16_hsum(ptr_offset(accs, 16 * n), 0) + acc2_lane(ptr_offset(sums, 2 * n), 0)  #M
+            y[g + n, m + 1] = acc16_hsum(ptr_offset(accs, 16 * n), 1) + acc2_lane(ptr_offset(sums, 2 * n), 1)  #M
+            y[g + n, m] = acc16_hsum(ptr_offset(accs, 16 * n), 0)  #-
+            y[g + n, m + 1] = acc16_hsum(ptr_offset(accs, 16 * n), 1)  #-
+'''
+
 _VEC_DOT4 = '''
 @njit(cache=True, error_model="numpy")
 def vec_dot4_{w}_{a}(y, m, w, a_row):
@@ -272,6 +298,7 @@ for _fmt in _BLOCK_FORMATS:
         _define(_VEC_DOT, _fmt)
         _define(_ROWS_DOT, _fmt)
         _define(_VEC_DOT4, _fmt)
+        _define(_ROWS_DOT2, _fmt)
 
 
 @njit(cache=True, error_model="numpy")
