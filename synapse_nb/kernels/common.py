@@ -409,6 +409,17 @@ def ir_nibbles64(builder, p0, p1):
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
 
 
+def ir_high_bits64(builder, p0, p1):
+    """The 32 bits of the little-endian uint32s at p0 and at p1 -> <64 x i8> of (bit j) << 4
+    (ir_high_bits32 of each, side by side): the 64 bits as a mask, widened to bytes (kmovq +
+    vpmovm2b with AVX512BW)."""
+    i64 = ir.IntType(64)
+    q0 = builder.zext(builder.load(builder.bitcast(p0, _I32.as_pointer()), align=1), i64)
+    q1 = builder.zext(builder.load(builder.bitcast(p1, _I32.as_pointer()), align=1), i64)
+    bits = builder.bitcast(builder.or_(q0, builder.shl(q1, ir.Constant(i64, 32))), ir.VectorType(ir.IntType(1), 64))
+    return builder.shl(builder.zext(bits, ir.VectorType(_I8, 64)), ir.Constant(ir.VectorType(_I8, 64), [4] * 64))
+
+
 def make_block2_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
     """Build the two-weight-row block intrinsic of a 32-value block format (rows_dot2):
         block2_dot(acc, sums, w0, w1, w_off, a_row, a_off)

@@ -26,21 +26,28 @@ With these orders every output of ggml's own vec_dot in tests/data/kernels (8 ac
 weight rows per format) is reproduced bit for bit.
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
-row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT) and the
-table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format built in common.py from
-the format's IR decoder (_decode_T). The generated code is the code these functions had when they
-were written out by hand (their machine code is unchanged).
+row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT, _VEC_DOT4,
+_ROWS_DOT2) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
+built in common.py from the format's IR decoder (_decode_T one block, _decode2_T two blocks).
+
+Several weight rows at once, each output still computed by vec_dot's operations in vec_dot's order:
+  * vec_dot4_T(y, m, w, a_row): y[m..m+3] for one activation row (decode). One row's dot is bound
+    by the latency of its fma chain and by scalar F16 work; four rows share the scalar work in
+    vector ops (4 F16 scales converted and multiplied at once), run two rows per 16-lane vpdpbusd
+    and overlap four accumulator chains, and prefetch the rows ahead (make_block4_dot).
+  * rows_dot2_T(y, m, w, a): y[:, m..m+1] for all activation rows (prefill): rows_dot for two
+    weight rows, their blocks side by side in 16-lane ops (make_block2_dot).
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc2_lane, acc2_zero, acc16_hsum, acc16_zero, acc8_add, acc8_lane, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
-                     copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32, ir_nibbles64,
-                     ir_lookup_nibbles32, ir_nibbles32, make_block2_dot, make_block4_dot, make_block_dequant, make_block_lanes_fma,
-                     ptr_offset,
-                     reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc2_lane, acc2_zero, acc8_add, acc8_hsum,  # noqa: F401
+                     acc8_lane, acc8_zero, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le, f16_to_f32, fma32,
+                     ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup_nibbles32, ir_nibbles32,
+                     ir_nibbles64, make_block2_dot, make_block4_dot, make_block_dequant, make_block_lanes_fma,
+                     ptr_offset, reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,12 +128,12 @@ def _decode2_q4_1(b, p0, p1):
 
 
 def _decode2_q5_0(b, p0, p1):
-    hb = _concat64(b, ir_high_bits32(b, _gep(b, p0, 2)), ir_high_bits32(b, _gep(b, p1, 2)))
+    hb = ir_high_bits64(b, _gep(b, p0, 2), _gep(b, p1, 2))
     return ir_add_const(b, b.or_(ir_nibbles64(b, _gep(b, p0, 6), _gep(b, p1, 6)), hb), -16)
 
 
 def _decode2_q5_1(b, p0, p1):
-    hb = _concat64(b, ir_high_bits32(b, _gep(b, p0, 4)), ir_high_bits32(b, _gep(b, p1, 4)))
+    hb = ir_high_bits64(b, _gep(b, p0, 4), _gep(b, p1, 4))
     return b.or_(ir_nibbles64(b, _gep(b, p0, 8), _gep(b, p1, 8)), hb)
 
 

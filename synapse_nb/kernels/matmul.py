@@ -36,6 +36,10 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   N == 1 uses (matmul rows == matvec is tested bitwise for N in 1, 7, 64, 130).
   Any format may offer one (formats.BlockFormat.rows_dot_name); its driver then calls it for
   N > 1 instead of the per-pair loop.
+* Several weight rows per call, found by name like rows_dot: ``vec_dot4_T(y1, m, w, a_row)``
+  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot2_T(y, m, w, a)`` (y[:, m + r]
+  for r < 2, all activation rows: N > 1), again with vec_dot_T's operations per output; the
+  driver takes them for whole groups of rows in a chunk and the single-row functions for the rest.
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
