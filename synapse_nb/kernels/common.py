@@ -443,7 +443,8 @@ def make_block2_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
             ap = builder.gep(_data(context, builder, signature.args[5], a), [ao])
 
             def at(ptr, off, ty):
-                return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(i64, off)]), ty.as_pointer()), align=1)
+                ptr = builder.gep(ptr, [ir.Constant(i64, off)])
+                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
 
             def f16x2(h0, h1):
                 v = builder.insert_element(ir.Constant(ir.VectorType(i16, 2), ir.Undefined), h0, ir.Constant(i32, 0))
@@ -460,11 +461,13 @@ def make_block2_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
                 builder.store(builder.call(fma2, [wm, am, builder.load(sptr, align=4)]), sptr, align=4)
             a32 = ir_int8x32(builder, builder.gep(ap, [ir.Constant(i64, a_q_off)]))
             a64 = builder.shuffle_vector(a32, a32, ir.Constant(ir.VectorType(_I32, 64), list(range(32)) * 2))
-            lanes = (_lanes_vnni512 if HAS_VNNI512 else _lanes_portable64)(builder, decode2(builder, wp[0], wp[1]), a64, signed)
+            lanes_of = _lanes_vnni512 if HAS_VNNI512 else _lanes_portable64
+            lanes = lanes_of(builder, decode2(builder, wp[0], wp[1]), a64, signed)
             dv = builder.shuffle_vector(dprod, dprod, ir.Constant(ir.VectorType(_I32, 16), [0] * 8 + [1] * 8))
             fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
             vptr = builder.bitcast(pacc, v16f.as_pointer())
-            builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), builder.load(vptr, align=4)]), vptr, align=4)
+            acc = builder.load(vptr, align=4)
+            builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), acc]), vptr, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -605,6 +608,22 @@ def ir_lookup_nibbles32(builder, qs_ptr, table):
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
 
 
+def ir_lookup64(builder, idx, table):
+    """table[idx] for a <64 x i8> vector of indices 0..15 (ir_lookup16 on 64 lanes: one zmm vpshufb
+    with AVX512BW, else four ir_lookup16)."""
+    i8x64 = ir.VectorType(_I8, 64)
+    if HAS_VNNI512:  # (implies AVX512BW)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8x64, [i8x64, i8x64]),
+                                            "llvm.x86.avx512.pshuf.b.512")
+        return builder.call(fn, [ir.Constant(i8x64, list(table) * 4), idx])
+    quarters = [builder.shuffle_vector(idx, idx, ir.Constant(ir.VectorType(_I32, 16), list(range(16 * q, 16 * q + 16))))
+                for q in range(4)]
+    parts = [ir_lookup16(builder, q, table) for q in quarters]
+    lo = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    hi = builder.shuffle_vector(parts[2], parts[3], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
+
+
 # kvalues_iq4nl as bytes: two's complement (signed lookups) and + 128 (unsigned, for K-quant dots)
 IQ4NL_TABLE_S8 = [int(v) & 0xFF for v in KVALUES_IQ4NL]
 IQ4NL_TABLE_U8 = [int(v) + 128 for v in KVALUES_IQ4NL]
@@ -723,6 +742,13 @@ _V16F = ir.VectorType(_F32, 16)
 def acc16_zero(context, builder, sig, args):
     """acc[0:16] = 0 (acc_ptr from stack_f32(16), the accumulators of a two-row block intrinsic)."""
     builder.store(ir.Constant(_V16F, [0.0] * 16), builder.bitcast(args[0], _V16F.as_pointer()), align=4)
+
+
+@ir_intrinsic(lambda dst_ptr, src_ptr: types.void(dst_ptr, src_ptr))
+def acc16_add(context, builder, sig, args):
+    """dst[0:16] += src[0:16] (lane-wise, as acc8_add on both halves)."""
+    dp, sp = (builder.bitcast(a, _V16F.as_pointer()) for a in args)
+    builder.store(builder.fadd(builder.load(dp, align=4), builder.load(sp, align=4)), dp, align=4)
 
 
 @ir_intrinsic(lambda acc_ptr, half: types.float32(acc_ptr, types.intp))

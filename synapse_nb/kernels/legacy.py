@@ -44,10 +44,10 @@ from llvmlite import ir
 from numba import carray, njit
 
 from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc2_lane, acc2_zero, acc8_add, acc8_hsum,  # noqa: F401
-                     acc8_lane, acc8_zero, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le, f16_to_f32, fma32,
-                     ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup_nibbles32, ir_nibbles32,
-                     ir_nibbles64, make_block2_dot, make_block4_dot, make_block_dequant, make_block_lanes_fma,
-                     ptr_offset, reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
+                     acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
+                     f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
+                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block2_dot, make_block4_dot,
+                     make_block_dequant, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,6 +141,10 @@ def _decode2_q8_0(b, p0, p1):
     return _concat64(b, ir_int8x32(b, _gep(b, p0, 2)), ir_int8x32(b, _gep(b, p1, 2)))
 
 
+def _decode2_iq4_nl(b, p0, p1):
+    return ir_lookup64(b, ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2)), IQ4NL_TABLE_S8)
+
+
 # The 32-value block formats, one line each: (stem, its activation format's stem, block bytes,
 # activation block bytes, offset of the 32 int8 activations in their block, signed weights,
 # a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
@@ -157,9 +161,8 @@ _BLOCK_FORMATS = (
 # dequantization of one block.
 for _stem, _, _, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
-    if _stem != "iq4_nl":  # four weight rows at once (vec_dot4; IQ4_NL keeps the pair kernel)
-        globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
-        globals()[f"_blk2_{_stem}"] = make_block2_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
+    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
+    globals()[f"_blk2_{_stem}"] = make_block2_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
 
@@ -360,6 +363,58 @@ def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
             if nb % 2 == 1:
                 sumf = _iq4_nl_tail(w_row, a[g + n], nb - 1, sumf)
             y[g + n, m] = sumf
+
+
+@njit(cache=True, error_model="numpy")
+def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
+    """y[m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a_row) for r < 4, bit for bit (vec_dot4 of the
+    template formats with IQ4_NL's two accumulator sets: even blocks, odd blocks)."""
+    nb = w.shape[1] // 18
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    e01, e23, o01, o23, sums = stack_f32(16), stack_f32(16), stack_f32(16), stack_f32(16), stack_f32(8)
+    acc16_zero(e01)
+    acc16_zero(e23)
+    acc16_zero(o01)
+    acc16_zero(o23)
+    for i in range(nb // 2):
+        _blk4_iq4_nl(e01, e23, sums, w0, w1, w2, w3, 2 * i * 18, a_row, 2 * i * 34)
+        _blk4_iq4_nl(o01, o23, sums, w0, w1, w2, w3, (2 * i + 1) * 18, a_row, (2 * i + 1) * 34)
+    acc16_add(e01, o01)
+    acc16_add(e23, o23)
+    y[m] = acc16_hsum(e01, 0)
+    y[m + 1] = acc16_hsum(e01, 1)
+    y[m + 2] = acc16_hsum(e23, 0)
+    y[m + 3] = acc16_hsum(e23, 1)
+    if nb % 2 == 1:
+        for r in range(4):
+            y[m + r] = _iq4_nl_tail(w[m + r], a_row, nb - 1, y[m + r])
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot2_iq4_nl_q8_0(y, m, w, a):
+    """y[n, m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a[n]) for r < 2 and every row n of a (bit for
+    bit; rows_dot2 with IQ4_NL's even / odd accumulator sets)."""
+    nb = w.shape[1] // 18
+    w0, w1 = w[m], w[m + 1]
+    acc1 = stack_f32(1024)
+    acc2 = stack_f32(1024)
+    sums = stack_f32(2)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc16_zero(ptr_offset(acc1, 16 * n))
+            acc16_zero(ptr_offset(acc2, 16 * n))
+        for i in range(nb // 2):
+            for n in range(ng):
+                _blk2_iq4_nl(ptr_offset(acc1, 16 * n), sums, w0, w1, 2 * i * 18, a[g + n], 2 * i * 34)
+                _blk2_iq4_nl(ptr_offset(acc2, 16 * n), sums, w0, w1, (2 * i + 1) * 18, a[g + n], (2 * i + 1) * 34)
+        for n in range(ng):
+            acc16_add(ptr_offset(acc1, 16 * n), ptr_offset(acc2, 16 * n))
+            for r in range(2):
+                sumf = acc16_hsum(ptr_offset(acc1, 16 * n), r)
+                if nb % 2 == 1:
+                    sumf = _iq4_nl_tail(w[m + r], a[g + n], nb - 1, sumf)
+                y[g + n, m + r] = sumf
 
 
 @njit(cache=True, error_model="numpy")

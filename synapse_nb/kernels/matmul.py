@@ -151,7 +151,9 @@ def _build_tables():
         names = dict(mod=mod, dot=fmt.vec_dot_name(), rows=rows, dot4=fmt.vec_dot4_name())
         one = _MM_ONE_DOT4 if hasattr(mods[mod], names["dot4"]) else _MM_ONE_PAIRS
         names["rows2"] = rows.replace("rows_dot_", "rows_dot2_", 1)
-        many = (_MM_ROWS2 if hasattr(mods[mod], names["rows2"]) else _MM_ROWS) if hasattr(mods[mod], rows) else _MM_PAIRS
+        many = _MM_PAIRS
+        if hasattr(mods[mod], rows):
+            many = _MM_ROWS2 if hasattr(mods[mod], names["rows2"]) else _MM_ROWS
         _define(_MM.format(name=f"_mm_{fmt.stem}", one=one.format(**names), many=many.format(**names)))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
