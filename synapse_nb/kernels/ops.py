@@ -112,8 +112,19 @@ def silu_f32(x):
 def _swiglu_row(out, gate, up, t):
     m = gate.shape[1]
     m16 = m - m % 16
+    # ggml_v_silu on its common path in a loop that vectorizes (v_expf_normal), then v_silu itself
+    # for the rare lanes off it (as the softmax in attention.py)
+    n_off = 0
     for i in range(m16):
-        out[t, i] = v_silu(gate[t, i]) * up[t, i]
+        g = gate[t, i]
+        e, ok = v_expf_normal(_F32(0.0) - g)
+        out[t, i] = (g / (_F32(1.0) + e)) * up[t, i]
+        n_off += np.int32(0) if ok else np.int32(1)
+    if n_off:
+        for i in range(m16):
+            e, ok = v_expf_normal(_F32(0.0) - gate[t, i])
+            if not ok:
+                out[t, i] = v_silu(gate[t, i]) * up[t, i]
     for i in range(m16, m):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
 
