@@ -1,5 +1,6 @@
 """Kernel throughput: matvec GB/s of weight bytes and matmul(N=64) GFLOP/s, per weight format,
-on the matrix shapes of the real models, next to this machine's memory read bandwidth.
+on the matrix shapes of the real models, next to this machine's memory read bandwidth and its
+int8 dot peak (vpdpbusd throughput, measured; the last column is the matmul's share of it).
 
     python benchmarks/bench_kernels.py                 # all formats, default shapes
     python benchmarks/bench_kernels.py --formats Q4_0,Q4_K --threads 1
@@ -87,6 +88,11 @@ def main():
     numba.set_num_threads(nthreads)
     print(f"threading layer: {numba.threading_layer()}")
     del buf
+    peak = int8_dot_peak(nthreads, best_time)
+    if peak:
+        print(f"int8 dot peak ({nthreads} threads): {peak:.0f} GOP/s (measured: vpdpbusd on 8 independent "
+              "zmm accumulators, 64 multiply-adds = 128 ops each, register operands; what a matmul could "
+              "reach if it did nothing but its integer dots)")
 
     rng = np.random.default_rng(0)
     avail = set(supported_types())
@@ -131,7 +137,8 @@ def main():
             if args.matmul_shapes == "all" or (args.matmul_shapes == "layers" and si < 4):
                 X = rng.standard_normal((64, k)).astype(np.float32)
                 tm = best_time(lambda: matmul(w, X), max(2, args.reps // 3))
-                line += f" {tm * 1e3:12.2f} {2.0 * m * k * 64 / tm / 1e9:8.1f}"
+                gf = 2.0 * m * k * 64 / tm / 1e9
+                line += f" {tm * 1e3:12.2f} {gf:8.1f}" + (f" {100 * gf / peak:5.1f}%" if peak else "")
             print(line, flush=True)
             del w
 
@@ -156,6 +163,67 @@ def main():
             print(f"  {name:7} zmm {count('%zmm'):4}  ymm {count('%ymm'):4}  vpmaddwd {count('vpmaddwd'):3}  "
                   f"vpdpbusd {count('vpdpbusd'):3}  vpmulld {count('vpmulld'):3}  vfmadd {count('vfmadd'):3}  "
                   f"({len(lines)} lines)")
+
+
+def int8_dot_peak(nthreads, best_time):
+    """GOP/s of vpdpbusd (u8 x s8 dot, 4 products summed into each of 16 int32 lanes) on this CPU:
+    8 independent zmm accumulators so that the instruction's throughput, not its latency, limits;
+    operands in registers. None without AVX512-VNNI. 1 op = one multiply or one add."""
+    import numba
+    import numpy as np
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from synapse_nb.kernels.common import HAS_VNNI512
+    if not HAS_VNNI512:
+        return None
+    v16 = ir.VectorType(ir.IntType(32), 16)
+
+    @intrinsic
+    def dp8(typingctx, acc, n):
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+            i64 = ir.IntType(64)
+            ptr = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, v16.as_pointer())
+            slots = [builder.gep(ptr, [ir.Constant(i64, i)]) for i in range(10)]
+            init = [builder.load(p, align=4) for p in slots]
+            pre = builder.block
+            loop = builder.append_basic_block("dp8.loop")
+            done = builder.append_basic_block("dp8.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            k = builder.phi(i64)
+            k.add_incoming(ir.Constant(i64, 0), pre)
+            phis = []
+            for i in range(8):  # 8 independent chains; init[8], init[9] are the operands
+                ph = builder.phi(v16)
+                ph.add_incoming(init[i], pre)
+                phis.append(ph)
+            nxt = [builder.call(fn, [ph, init[8], init[9]]) for ph in phis]
+            k1 = builder.add(k, ir.Constant(i64, 1))
+            k.add_incoming(k1, loop)
+            for ph, v in zip(phis, nxt):
+                ph.add_incoming(v, loop)
+            builder.cbranch(builder.icmp_signed("<", k1, args[1]), loop, done)
+            builder.position_at_end(done)
+            for p, v in zip(slots, nxt):
+                builder.store(v, p, align=4)
+            return context.get_dummy_value()
+        return types.void(acc, types.intp), codegen
+
+    @njit(parallel=True, cache=False)
+    def run(accs, n):
+        for t in prange(accs.shape[0]):
+            dp8(accs[t], n)
+
+    reps = 200_000
+    accs = np.ones((nthreads, 10 * 16), np.int32)
+    run(accs, 10)
+    t = best_time(lambda: run(accs, reps), 3)
+    return nthreads * reps * 8 * 64 * 2 / t / 1e9
 
 
 if __name__ == "__main__":
