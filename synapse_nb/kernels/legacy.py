@@ -35,8 +35,9 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     by the latency of its fma chain and by scalar F16 work; four rows share the scalar work in
     vector ops (4 F16 scales converted and multiplied at once), run two rows per 16-lane vpdpbusd
     and overlap four accumulator chains, and prefetch the rows ahead (make_block4_dot).
-  * rows_dot2_T(y, m, w, a): y[:, m..m+1] for all activation rows (prefill): rows_dot for two
-    weight rows, their blocks side by side in 16-lane ops (make_block2_dot).
+  * rows_dot4_T(y, m, w, a): y[:, m..m+3] for all activation rows (prefill): vec_dot4's block
+    operation for each activation row, the weight side of a block computed once for all of them;
+    rows_dot2_T the same for two weight rows (make_block2_dot), for a chunk's leftover rows.
 """
 
 import numpy as np
@@ -235,6 +236,32 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
 '''
 
+_ROWS_DOT4 = '''
+@njit(cache=True, error_model="numpy")
+def rows_dot4_{w}_{a}(y, m, w, a):
+    """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 4 and every row n of a (bit for bit):
+    vec_dot4's block operation (_blk4_{w}) for each activation row, the weight side of each block
+    computed once for all of them."""
+    nb = w.shape[1] // {WB}
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    accs = stack_f32(2048)
+    sums = stack_f32(512)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc16_zero(ptr_offset(accs, 32 * n))
+            acc16_zero(ptr_offset(accs, 32 * n + 16))
+            acc8_zero(ptr_offset(sums, 8 * n))
+        for b in range(nb):
+            for n in range(ng):
+                _blk4_{w}(ptr_offset(accs, 32 * n), ptr_offset(accs, 32 * n + 16), ptr_offset(sums, 8 * n),
+                          w0, w1, w2, w3, b * {WB}, a[g + n], b * {AB})
+        for n in range(ng):
+            for r in range(4):
+                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2) + acc8_lane(ptr_offset(sums, 8 * n), 2 * r + 1)  #M
+                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2)  #-
+'''
+
 _ROWS_DOT2 = '''
 @njit(cache=True, error_model="numpy")
 def rows_dot2_{w}_{a}(y, m, w, a):
@@ -309,6 +336,7 @@ for _fmt in _BLOCK_FORMATS:
         _define(_ROWS_DOT, _fmt)
         _define(_VEC_DOT4, _fmt)
         _define(_ROWS_DOT2, _fmt)
+        _define(_ROWS_DOT4, _fmt)
 
 
 @njit(cache=True, error_model="numpy")
