@@ -420,65 +420,10 @@ def ir_high_bits64(builder, p0, p1):
     return builder.shl(builder.zext(bits, ir.VectorType(_I8, 64)), ir.Constant(ir.VectorType(_I8, 64), [4] * 64))
 
 
-def make_block2_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
-    """Build the two-weight-row block intrinsic of a 32-value block format (rows_dot2):
-        block2_dot(acc, sums, w0, w1, w_off, a_row, a_off)
-    does for rows r < 2 what one block of the format's vec_dot does against one activation block
-    (same integer lanes, same roundings): d_r = F16(w_r[w_off + d_off]) * F16(a[a_off + a_d_off]),
-    acc[8r + l] = fma(d_r, float(lanes_r[l]), acc[8r + l]) as one 16-lane operation; with_min:
-    sums[r] = fma(F16(m_r), F16(s), sums[r]) (m_r at w_off + d_off + 2, s at a_off + a_d_off + 2).
-    acc: 16 float32, sums: 2 float32 (stack buffers; acc16_zero / acc16_hsum, acc2_zero /
-    acc2_lane). The weight-only work depends on w_off alone, so in a loop over activation rows
-    LLVM computes it once per block."""
-    v2f, v16f = ir.VectorType(_F32, 2), ir.VectorType(_F32, 16)
-    i16, i32, i64 = ir.IntType(16), _I32, ir.IntType(64)
-
-    @intrinsic
-    def block2_dot(typingctx, acc, sums, w0, w1, w_off, a_row, a_off):
-        sig = types.void(acc, sums, w0, w1, types.intp, a_row, types.intp)
-
-        def codegen(context, builder, signature, args):
-            pacc, ps, r0, r1, wo, a, ao = args
-            wp = [builder.gep(_data(context, builder, signature.args[2 + r], v), [wo]) for r, v in enumerate((r0, r1))]
-            ap = builder.gep(_data(context, builder, signature.args[5], a), [ao])
-
-            def at(ptr, off, ty):
-                ptr = builder.gep(ptr, [ir.Constant(i64, off)])
-                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
-
-            def f16x2(h0, h1):
-                v = builder.insert_element(ir.Constant(ir.VectorType(i16, 2), ir.Undefined), h0, ir.Constant(i32, 0))
-                return ir_f16_vec_to_f32(builder, builder.insert_element(v, h1, ir.Constant(i32, 1)))
-
-            wd = f16x2(at(wp[0], d_off, i16), at(wp[1], d_off, i16))
-            ad = ir_f16_vec_to_f32(builder, _splat(builder, at(ap, a_d_off, i16), 2))
-            dprod = builder.fmul(wd, ad)
-            if with_min:
-                wm = f16x2(at(wp[0], d_off + 2, i16), at(wp[1], d_off + 2, i16))
-                am = ir_f16_vec_to_f32(builder, _splat(builder, at(ap, a_d_off + 2, i16), 2))
-                fma2 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v2f, [v2f] * 3), "llvm.fma.v2f32")
-                sptr = builder.bitcast(ps, v2f.as_pointer())
-                builder.store(builder.call(fma2, [wm, am, builder.load(sptr, align=4)]), sptr, align=4)
-            a32 = ir_int8x32(builder, builder.gep(ap, [ir.Constant(i64, a_q_off)]))
-            a64 = builder.shuffle_vector(a32, a32, ir.Constant(ir.VectorType(_I32, 64), list(range(32)) * 2))
-            lanes_of = _lanes_vnni512 if HAS_VNNI512 else _lanes_portable64
-            lanes = lanes_of(builder, decode2(builder, wp[0], wp[1]), a64, signed)
-            dv = builder.shuffle_vector(dprod, dprod, ir.Constant(ir.VectorType(_I32, 16), [0] * 8 + [1] * 8))
-            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
-            vptr = builder.bitcast(pacc, v16f.as_pointer())
-            acc = builder.load(vptr, align=4)
-            builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), acc]), vptr, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return block2_dot
-
-
 PREFETCH_GROUPS = 2  # how many 4-row groups ahead make_block4_dot prefetches the weights
 
 
-def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
+def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch=True):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
@@ -489,7 +434,8 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
       a_off + a_d_off + 2 (the even lanes of sums hold junk: read only the odd ones).
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
     buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
-    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>."""
+    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>. ``prefetch``:
+    fetch the weights ahead (a matvec streams them; a matmul re-reads each block for many rows)."""
     v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
     i16, i32 = ir.IntType(16), _I32
 
@@ -512,7 +458,7 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off):
             stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
             ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
                                 builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
-            for extra in (0, 64):
+            for extra in ((0, 64) if prefetch else ()):
                 builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
                                   ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
             def at(ptr, off, ty):
@@ -760,22 +706,6 @@ def acc16_hsum(context, builder, sig, args):
     r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
     r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
     return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
-
-
-_V2F = ir.VectorType(_F32, 2)
-
-
-@ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
-def acc2_zero(context, builder, sig, args):
-    """acc[0:2] = 0 (the sums of make_block2_dot)."""
-    builder.store(ir.Constant(_V2F, [0.0, 0.0]), builder.bitcast(args[0], _V2F.as_pointer()), align=4)
-
-
-@ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))
-def acc2_lane(context, builder, sig, args):
-    """acc[i] of 2 float32 touched only as a vector (the sums of make_block2_dot)."""
-    v = builder.load(builder.bitcast(args[0], _V2F.as_pointer()), align=4)
-    return builder.extract_element(v, builder.trunc(args[1], _I32))
 
 
 @ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))

@@ -27,7 +27,7 @@ weight rows per format) is reproduced bit for bit.
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
 row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT, _VEC_DOT4,
-_ROWS_DOT2) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
+_ROWS_DOT4) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
 built in common.py from the format's IR decoder (_decode_T one block, _decode2_T two blocks).
 
 Several weight rows at once, each output still computed by vec_dot's operations in vec_dot's order:
@@ -36,18 +36,17 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     vector ops (4 F16 scales converted and multiplied at once), run two rows per 16-lane vpdpbusd
     and overlap four accumulator chains, and prefetch the rows ahead (make_block4_dot).
   * rows_dot4_T(y, m, w, a): y[:, m..m+3] for all activation rows (prefill): vec_dot4's block
-    operation for each activation row, the weight side of a block computed once for all of them;
-    rows_dot2_T the same for two weight rows (make_block2_dot), for a chunk's leftover rows.
+    operation for each activation row, the weight side of a block computed once for all of them.
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc2_lane, acc2_zero, acc8_add, acc8_hsum,  # noqa: F401
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum,  # noqa: F401
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
-                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block2_dot, make_block4_dot,
+                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot,
                      make_block_dequant, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
@@ -163,7 +162,8 @@ _BLOCK_FORMATS = (
 for _stem, _, _, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
     globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
-    globals()[f"_blk2_{_stem}"] = make_block2_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
+    globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao,
+                                                   prefetch=False)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
 
@@ -240,8 +240,8 @@ _ROWS_DOT4 = '''
 @njit(cache=True, error_model="numpy")
 def rows_dot4_{w}_{a}(y, m, w, a):
     """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 4 and every row n of a (bit for bit):
-    vec_dot4's block operation (_blk4_{w}) for each activation row, the weight side of each block
-    computed once for all of them."""
+    vec_dot4's block operation (_blk4m_{w}: without the prefetch) for each activation row, the
+    weight side of each block computed once for all of them."""
     nb = w.shape[1] // {WB}
     w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
     accs = stack_f32(2048)
@@ -254,7 +254,7 @@ def rows_dot4_{w}_{a}(y, m, w, a):
             acc8_zero(ptr_offset(sums, 8 * n))
         for b in range(nb):
             for n in range(ng):
-                _blk4_{w}(ptr_offset(accs, 32 * n), ptr_offset(accs, 32 * n + 16), ptr_offset(sums, 8 * n),
+                _blk4m_{w}(ptr_offset(accs, 32 * n), ptr_offset(accs, 32 * n + 16), ptr_offset(sums, 8 * n),
                           w0, w1, w2, w3, b * {WB}, a[g + n], b * {AB})
         for n in range(ng):
             for r in range(4):
@@ -262,30 +262,6 @@ def rows_dot4_{w}_{a}(y, m, w, a):
                 y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2)  #-
 '''
 
-_ROWS_DOT2 = '''
-@njit(cache=True, error_model="numpy")
-def rows_dot2_{w}_{a}(y, m, w, a):
-    """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 2 and every row n of a (bit for bit):
-    rows_dot for two weight rows at once, their blocks side by side in 16-lane operations
-    (_blk2_{w})."""
-    nb = w.shape[1] // {WB}
-    w0, w1 = w[m], w[m + 1]
-    accs = stack_f32(1024)
-    sums = stack_f32(128)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc16_zero(ptr_offset(accs, 16 * n))
-            acc2_zero(ptr_offset(sums, 2 * n))
-        for b in range(nb):
-            for n in range(ng):
-                _blk2_{w}(ptr_offset(accs, 16 * n), ptr_offset(sums, 2 * n), w0, w1, b * {WB}, a[g + n], b * {AB})
-        for n in range(ng):
-            y[g + n, m] = acc16_hsum(ptr_offset(accs, 16 * n), 0) + acc2_lane(ptr_offset(sums, 2 * n), 0)  #M
-            y[g + n, m + 1] = acc16_hsum(ptr_offset(accs, 16 * n), 1) + acc2_lane(ptr_offset(sums, 2 * n), 1)  #M
-            y[g + n, m] = acc16_hsum(ptr_offset(accs, 16 * n), 0)  #-
-            y[g + n, m + 1] = acc16_hsum(ptr_offset(accs, 16 * n), 1)  #-
-'''
 
 _VEC_DOT4 = '''
 @njit(cache=True, error_model="numpy")
@@ -335,7 +311,6 @@ for _fmt in _BLOCK_FORMATS:
         _define(_VEC_DOT, _fmt)
         _define(_ROWS_DOT, _fmt)
         _define(_VEC_DOT4, _fmt)
-        _define(_ROWS_DOT2, _fmt)
         _define(_ROWS_DOT4, _fmt)
 
 
@@ -419,27 +394,30 @@ def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
 
 
 @njit(cache=True, error_model="numpy")
-def rows_dot2_iq4_nl_q8_0(y, m, w, a):
-    """y[n, m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a[n]) for r < 2 and every row n of a (bit for
-    bit; rows_dot2 with IQ4_NL's even / odd accumulator sets)."""
+def rows_dot4_iq4_nl_q8_0(y, m, w, a):
+    """y[n, m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a[n]) for r < 4 and every row n of a (bit for
+    bit; rows_dot4 with IQ4_NL's even / odd accumulator sets)."""
     nb = w.shape[1] // 18
-    w0, w1 = w[m], w[m + 1]
-    acc1 = stack_f32(1024)
-    acc2 = stack_f32(1024)
-    sums = stack_f32(2)
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    even = stack_f32(2048)
+    odd = stack_f32(2048)
+    sums = stack_f32(8)
     for g in range(0, a.shape[0], ROWS_GROUP):
         ng = min(ROWS_GROUP, a.shape[0] - g)
         for n in range(ng):
-            acc16_zero(ptr_offset(acc1, 16 * n))
-            acc16_zero(ptr_offset(acc2, 16 * n))
+            for h in range(2):
+                acc16_zero(ptr_offset(even, 32 * n + 16 * h))
+                acc16_zero(ptr_offset(odd, 32 * n + 16 * h))
         for i in range(nb // 2):
             for n in range(ng):
-                _blk2_iq4_nl(ptr_offset(acc1, 16 * n), sums, w0, w1, 2 * i * 18, a[g + n], 2 * i * 34)
-                _blk2_iq4_nl(ptr_offset(acc2, 16 * n), sums, w0, w1, (2 * i + 1) * 18, a[g + n], (2 * i + 1) * 34)
+                e, o = ptr_offset(even, 32 * n), ptr_offset(odd, 32 * n)
+                _blk4m_iq4_nl(e, ptr_offset(e, 16), sums, w0, w1, w2, w3, 2 * i * 18, a[g + n], 2 * i * 34)
+                _blk4m_iq4_nl(o, ptr_offset(o, 16), sums, w0, w1, w2, w3, (2 * i + 1) * 18, a[g + n], (2 * i + 1) * 34)
         for n in range(ng):
-            acc16_add(ptr_offset(acc1, 16 * n), ptr_offset(acc2, 16 * n))
-            for r in range(2):
-                sumf = acc16_hsum(ptr_offset(acc1, 16 * n), r)
+            for h in range(2):
+                acc16_add(ptr_offset(even, 32 * n + 16 * h), ptr_offset(odd, 32 * n + 16 * h))
+            for r in range(4):
+                sumf = acc16_hsum(ptr_offset(even, 32 * n + 16 * (r // 2)), r % 2)
                 if nb % 2 == 1:
                     sumf = _iq4_nl_tail(w[m + r], a[g + n], nb - 1, sumf)
                 y[g + n, m + r] = sumf

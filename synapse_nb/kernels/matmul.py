@@ -37,8 +37,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   Any format may offer one (formats.BlockFormat.rows_dot_name); its driver then calls it for
   N > 1 instead of the per-pair loop.
 * Several weight rows per call, found by name like rows_dot: ``vec_dot4_T(y1, m, w, a_row)``
-  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot2_T(y, m, w, a)`` (y[:, m + r]
-  for r < 2, all activation rows: N > 1), again with vec_dot_T's operations per output; the
+  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot4_T(y, m, w, a)`` (y[:, m + r]
+  for r < 4, all activation rows: N > 1), again with vec_dot_T's operations per output; the
   driver takes them for whole groups of rows in a chunk and the single-row functions for the rest.
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
@@ -118,13 +118,6 @@ _MM_ROWS4 = """            m = m0
             for r in range(m, m1):
                 {mod}.{rows}(y, r, w[r], a)
 """
-_MM_ROWS2 = """            m = m0
-            while m + 2 <= m1:
-                {mod}.{rows2}(y, m, w, a)
-                m += 2
-            for r in range(m, m1):
-                {mod}.{rows}(y, r, w[r], a)
-"""
 
 # Row dequantizer (get_rows / dequantize): out[i] = dequantize(w[ids[i]]).
 _DEQ = _DECORATOR + """def {name}(out, w, ids):
@@ -157,12 +150,10 @@ def _build_tables():
                 raise ImportError(f"synapse_nb.kernels.{mod} has no {fn} (formats.{fmt.name}.kernels)")
         names = dict(mod=mod, dot=fmt.vec_dot_name(), rows=rows, dot4=fmt.vec_dot4_name())
         one = _MM_ONE_DOT4 if hasattr(mods[mod], names["dot4"]) else _MM_ONE_PAIRS
-        names["rows2"] = rows.replace("rows_dot_", "rows_dot2_", 1)
         names["rows4"] = rows.replace("rows_dot_", "rows_dot4_", 1)
         many = _MM_PAIRS
         if hasattr(mods[mod], rows):
-            many = next((t for t, f in ((_MM_ROWS4, "rows4"), (_MM_ROWS2, "rows2"))
-                         if hasattr(mods[mod], names[f])), _MM_ROWS)
+            many = _MM_ROWS4 if hasattr(mods[mod], names["rows4"]) else _MM_ROWS
         _define(_MM.format(name=f"_mm_{fmt.stem}", one=one.format(**names), many=many.format(**names)))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
