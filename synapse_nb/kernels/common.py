@@ -33,6 +33,10 @@ from ..formats import KVALUES_IQ4NL as _KVALUES_IQ4NL
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
+# Activation rows per pass of the multi-row dots (rows_dot_*: legacy.py, kquants.py): their
+# accumulators, 8 float32 per row, live on the stack.
+ROWS_GROUP = 64
+
 HOST_FEATURES = {} if (config.CPU_NAME or config.CPU_FEATURES) else dict(llvm_binding.get_host_cpu_features())
 HAS_F16C = bool(HOST_FEATURES.get("f16c"))
 HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
@@ -341,8 +345,19 @@ def ir_fma8(builder, acc_ptr, d, lanes, splat_first=False):
 
 
 def _data(context, builder, aty, aval, elt=_I8):
-    """Data pointer of a Numba array argument, as elt*."""
+    """Data pointer of a Numba array argument, or a raw pointer (stack_*, ptr_offset), as elt*.
+    Offsets into it are flat element offsets: a 2-D (C-contiguous, see _flat) array's row r
+    starts at r * shape[1]."""
+    if isinstance(aty, types.CPointer):
+        return builder.bitcast(aval, elt.as_pointer())
     return builder.bitcast(context.make_array(aty)(context, builder, aval).data, elt.as_pointer())
+
+
+def _flat(*tys):
+    """True when every type is a raw pointer, a 1-D array, or a C-contiguous array: memory that
+    _data plus a flat offset addresses correctly (typers return no signature otherwise)."""
+    return all(isinstance(t, types.CPointer) or (isinstance(t, types.Array) and (t.ndim == 1 or t.layout == "C"))
+               for t in tys)
 
 
 def make_block_lanes_fma(decode, signed):
@@ -461,12 +476,14 @@ _V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
 
 @ir_intrinsic(lambda p, qb, qo, ya, yo, s_lo, s_hi: types.void(p, qb, types.intp, ya, types.intp, types.int32,
-                                                               types.int32))
+                                                               types.int32) if _flat(p, qb, ya) else None)
 def dot32_scaled_add(context, builder, sig, args):
     """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
 
     p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
     qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
+    Each of p, qb, ya may be an array (a 2-D one C-contiguous, yo then a flat byte offset: row r
+    at r * shape[1]) or a raw pointer (stack_*, ptr_offset).
     The 4-value lane sums are those of ggml's maddubs+madd (exact int32), ir_lanes unsigned.
     """
     p_t, qb_t, _, ya_t, _, _, _ = sig.args
@@ -480,13 +497,78 @@ def dot32_scaled_add(context, builder, sig, args):
     builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
 
 
-@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p))
+@ir_intrinsic(lambda p, qb, qo, qh, ho, ya, yo, s_lo, s_hi: types.void(
+    p, qb, types.intp, qh, types.intp, ya, types.intp, types.int32, types.int32) if _flat(p, qb, qh, ya) else None)
+def dot32_diff_scaled_add(context, builder, sig, args):
+    """p[k] += (k < 4 ? s_lo : s_hi) * (lanes(qb[qo:]) - lanes(qh[ho:]))[k], k = 0..7, with lanes(q) the
+    4-value sums of q * int8(ya[yo:yo+32]) (as dot32_scaled_add): exactly (int32, wrapping)
+    dot32_scaled_add(p, qb, qo, ya, yo, s_lo, s_hi) then dot32_scaled_add(p, qh, ho, ya, yo, -s_lo,
+    -s_hi), in one multiply. For weights stored as a difference of two unsigned parts (Q3_K's
+    low bits and "minus 4", IQ4_XS's kvalues + 128 and 128)."""
+    p_t, qb_t, _, qh_t, _, ya_t, _, _, _ = sig.args
+    p_v, qb_v, qo_v, qh_v, ho_v, ya_v, yo_v, slo_v, shi_v = args
+    y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
+    l1 = ir_lanes(builder, ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v])), y8, False)
+    l2 = ir_lanes(builder, ir_int8x32(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v])), y8, False)
+    scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
+                                   ir.Constant(_V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(builder.sub(l1, l2), scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if _flat(acc, p) else None)
 def lanes_fma8(context, builder, sig, args):
-    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]):
+    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8], each
+    an array or a raw pointer, e.g. ptr_offset(accs, 8 * n)):
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc) as one <8 x float> llvm.fma (ir_fma8)."""
     (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
     lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
     ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes, splat_first=True)
+
+
+@ir_intrinsic(lambda p, coef, a, off: types.void(p, coef, a, types.intp) if _flat(p, coef, a) else None)
+def bsums_madd8(context, builder, sig, args):
+    """p[k] = coef[2k] * bs[2k] + coef[2k+1] * bs[2k+1], k = 0..7, for the 16 little-endian int16
+    bsums bs at byte offset off of a (a Q8_K block's, flat as _data) and int32 coef[16]; exact
+    int32 (as _mm256_madd_epi16 on ggml's 16-bit operands). p, coef: int32 arrays or pointers."""
+    (p_t, c_t, a_t, _), (p_v, c_v, a_v, off_v) = sig.args, args
+    v16i = ir.VectorType(_I32, 16)
+    bs_ptr = builder.gep(_data(context, builder, a_t, a_v), [off_v])
+    bs = builder.sext(_vload(builder, bs_ptr, 16, ir.IntType(16)), v16i)
+    coef = builder.load(builder.bitcast(_data(context, builder, c_t, c_v, _I32), v16i.as_pointer()), align=4)
+    prod = builder.mul(bs, coef)
+    undef = ir.Constant(v16i, ir.Undefined)
+    even = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(0, 16, 2))))
+    odd = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(1, 16, 2))))
+    builder.store(builder.add(even, odd), builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()),
+                  align=4)
+
+
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if _flat(acc, p) else None)
+def pairs_fma4(context, builder, sig, args):
+    """acc[m] = fma(d, float32(p[2m] + p[2m+1]), acc[m]) for m = 0..3 (acc: float32[4], p: int32[8];
+    arrays or pointers): four lanes of one <4 x float> llvm.fma, each the scalar fma's bits."""
+    (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
+    v4i, v4f = ir.VectorType(_I32, 4), ir.VectorType(_F32, 4)
+    lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
+    undef = ir.Constant(_V8I, ir.Undefined)
+    s = builder.add(builder.shuffle_vector(lanes, undef, ir.Constant(v4i, [0, 2, 4, 6])),
+                    builder.shuffle_vector(lanes, undef, ir.Constant(v4i, [1, 3, 5, 7])))
+    aptr = builder.bitcast(_data(context, builder, acc_t, acc_v, _F32), v4f.as_pointer())
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4f, [v4f] * 3), "llvm.fma.v4f32")
+    builder.store(builder.call(fma, [_splat(builder, d_v, 4), builder.sitofp(s, v4f), builder.load(aptr, align=4)]),
+                  aptr, align=4)
+
+
+@ir_intrinsic(lambda p: types.int32(p) if _flat(p) else None)
+def isum8(context, builder, sig, args):
+    """p[0] + ... + p[7] (int32[8], array or pointer; wrapping int32, so the order is immaterial)."""
+    v = builder.load(builder.bitcast(_data(context, builder, sig.args[0], args[0], _I32), _V8I.as_pointer()), align=4)
+    for half in (4, 2, 1):  # a shuffle tree: halves added lane-wise
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half, 2 * half))))
+        v = builder.add(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 @ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
@@ -509,8 +591,9 @@ def _acc8(builder, ptr):
 
 @ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
 def acc8_zero(context, builder, sig, args):
-    """acc[0:8] = 0 (acc_ptr from stack_f32(8))."""
-    builder.store(ir.Constant(_V8F, [0.0] * 8), _acc8(builder, args[0]), align=4)
+    """acc[0:8] = 0 (acc_ptr from stack_f32(8), or stack_i32(8): int32 lanes, as one <8 x i32> store)."""
+    vty = _V8I if sig.args[0].dtype == types.int32 else _V8F
+    builder.store(ir.Constant(vty, [0] * 8), builder.bitcast(args[0], vty.as_pointer()), align=4)
 
 
 @ir_intrinsic(lambda dst_ptr, src_ptr: types.void(dst_ptr, src_ptr))
@@ -528,6 +611,14 @@ def acc8_hsum(context, builder, sig, args):
     r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
     r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
     return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
+
+
+@ir_intrinsic(lambda a, off: types.float32(a, types.intp) if _flat(a) else None)
+def load_f32(context, builder, sig, args):
+    """The little-endian float32 at byte offset off of a uint8 array or pointer (flat, as _data):
+    one unaligned load (the Q8_K block's d)."""
+    ptr = builder.gep(_data(context, builder, sig.args[0], args[0]), [args[1]])
+    return builder.load(builder.bitcast(ptr, _F32.as_pointer()), align=1)
 
 
 @intrinsic

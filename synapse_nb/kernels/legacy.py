@@ -36,7 +36,7 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_hsum, acc8_zero, as_f32,  # noqa: F401
                      copy_u32, f16_le, f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_int8x32,
                      ir_lookup_nibbles32, ir_nibbles32, make_block_dequant, make_block_lanes_fma, ptr_offset,
                      reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
@@ -194,8 +194,6 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]  #M
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
 '''
-
-ROWS_GROUP = 64  # activation rows per pass of rows_dot (stack: 64 x 8 float32 per accumulator set)
 
 
 def _define(template, fmt):
