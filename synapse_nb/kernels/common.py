@@ -297,33 +297,37 @@ def ir_add_const(builder, v, c):
     return builder.add(v, ir.Constant(v.type, [c & 0xFF if v.type.element == _I8 else c] * v.type.count))
 
 
-# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32): used when the host
-# has AVX512-VNNI + VL (HAS_VNNI256), else the portable widening multiply.
+# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32; 16 lanes for 64
+# values on a zmm): used when the host has AVX512-VNNI + VL (HAS_VNNI256; the 512-bit form needs
+# only AVX512-VNNI, which implies AVX512F), else the portable widening multiply.
 
 
 def _lanes_portable(builder, w8, a8, signed):
-    i32x32 = ir.VectorType(_I32, 32)
-    wv = builder.sext(w8, i32x32) if signed else builder.zext(w8, i32x32)
-    prod = builder.mul(wv, builder.sext(a8, i32x32))
-    undef = ir.Constant(i32x32, ir.Undefined)
-    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, 8), list(range(k, 32, 4))))
+    n = w8.type.count
+    i32xn = ir.VectorType(_I32, n)
+    wv = builder.sext(w8, i32xn) if signed else builder.zext(w8, i32xn)
+    prod = builder.mul(wv, builder.sext(a8, i32xn))
+    undef = ir.Constant(i32xn, ir.Undefined)
+    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, n // 4), list(range(k, n, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
 def _lanes_vnni(builder, w8, a8, signed):
-    i8x32, i32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
+    n = w8.type.count
+    i8xn, i32xl = ir.VectorType(_I8, n), ir.VectorType(_I32, n // 4)
     if signed:  # ggml's trick: |w| (as u8; |-128| = 128) times a carrying w's sign
-        neg = builder.icmp_signed("<", w8, ir.Constant(i8x32, [0] * 32))
+        neg = builder.icmp_signed("<", w8, ir.Constant(i8xn, [0] * n))
         w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x8, [i32x8] * 3),
-                                        "llvm.x86.avx512.vpdpbusd.256")
-    return builder.call(fn, [ir.Constant(i32x8, [0] * 8), builder.bitcast(w8, i32x8), builder.bitcast(a8, i32x8)])
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32xl, [i32xl] * 3),
+                                        f"llvm.x86.avx512.vpdpbusd.{8 * n}")
+    return builder.call(fn, [ir.Constant(i32xl, [0] * (n // 4)), builder.bitcast(w8, i32xl), builder.bitcast(a8, i32xl)])
 
 
 def ir_lanes(builder, w8, a8, signed):
-    """<8 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <32 x i8> weights w (signed, or unsigned
-    0..255 when not ``signed``) and signed activations a: exact (ggml's maddubs + madd)."""
+    """<n/4 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <n x i8> weights w (signed, or unsigned
+    0..255 when not ``signed``) and signed activations a, n = 32 (one ymm: vpdpbusd.256) or 64
+    (two 32-value chunks in one zmm: vpdpbusd.512): exact (ggml's maddubs + madd)."""
     return (_lanes_vnni if HAS_VNNI256 else _lanes_portable)(builder, w8, a8, signed)
 
 
@@ -497,23 +501,63 @@ def dot32_scaled_add(context, builder, sig, args):
     builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
 
 
-@ir_intrinsic(lambda p, qb, qo, qh, ho, ya, yo, s_lo, s_hi: types.void(
-    p, qb, types.intp, qh, types.intp, ya, types.intp, types.int32, types.int32) if _flat(p, qb, qh, ya) else None)
-def dot32_diff_scaled_add(context, builder, sig, args):
-    """p[k] += (k < 4 ? s_lo : s_hi) * (lanes(qb[qo:]) - lanes(qh[ho:]))[k], k = 0..7, with lanes(q) the
-    4-value sums of q * int8(ya[yo:yo+32]) (as dot32_scaled_add): exactly (int32, wrapping)
-    dot32_scaled_add(p, qb, qo, ya, yo, s_lo, s_hi) then dot32_scaled_add(p, qh, ho, ya, yo, -s_lo,
-    -s_hi), in one multiply. For weights stored as a difference of two unsigned parts (Q3_K's
-    low bits and "minus 4", IQ4_XS's kvalues + 128 and 128)."""
-    p_t, qb_t, _, qh_t, _, ya_t, _, _, _ = sig.args
-    p_v, qb_v, qo_v, qh_v, ho_v, ya_v, yo_v, slo_v, shi_v = args
-    y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
-    l1 = ir_lanes(builder, ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v])), y8, False)
-    l2 = ir_lanes(builder, ir_int8x32(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v])), y8, False)
-    scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
-                                   ir.Constant(_V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
-    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+_V16I = ir.VectorType(_I32, 16)
+
+
+@ir_intrinsic(lambda p16, qb, qo, ya, yo, sv, so: types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp)
+              if _flat(p16, qb, ya, sv) else None)
+def dot64_scaled_add(context, builder, sig, args):
+    """p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
+    32-value chunks at once (lanes 0..7 the first chunk's, 8..15 the second's; one vpdpbusd.512).
+    With sv[so+j] the scale of lane j % 8 of chunk j // 8, fold16_add(p, p16) then gives p exactly
+    the int32 lanes of dot32_scaled_add on the two chunks (wrapping int32 sums: any order).
+    p16, sv: int32[16] (arrays or pointers); qb, ya as in dot32_scaled_add."""
+    p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
+    p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
+    q8 = _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64)
+    y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
+    lanes = ir_lanes(builder, q8, y8, signed=False)
+    sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
+    scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p16, qb, qo, qh, ho, ya, yo, sv, so: types.void(
+    p16, qb, types.intp, qh, types.intp, ya, types.intp, sv, types.intp) if _flat(p16, qb, qh, ya, sv) else None)
+def dot64_diff_scaled_add(context, builder, sig, args):
+    """p16[j] += sv[so+j] * (lanes(qb[qo:]) - lanes(qh[ho:]))[j], j = 0..15, with lanes(q) the 4-value
+    sums of q * int8(ya[yo:yo+64]) (as dot64_scaled_add): for weights stored as a difference of two
+    unsigned parts (Q3_K's low bits and "minus 4", IQ4_XS's kvalues + 128 and 128), the int32 lanes
+    of dot32_scaled_add(qb, s) then dot32_scaled_add(qh, -s) on each chunk, in one multiply."""
+    p_t, qb_t, _, qh_t, _, ya_t, _, sv_t, _ = sig.args
+    p_v, qb_v, qo_v, qh_v, ho_v, ya_v, yo_v, sv_v, so_v = args
+    y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
+    l1 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64), y8, False)
+    l2 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v]), 64), y8, False)
+    sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
+    scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
     builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(builder.sub(l1, l2), scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p, p16: types.void(p, p16) if _flat(p, p16) else None)
+def fold16_add(context, builder, sig, args):
+    """p[k] += p16[k] + p16[8+k], k = 0..7 (int32, wrapping): dot64_scaled_add's two chunk halves
+    into the 8 lanes."""
+    (p_t, p16_t), (p_v, p16_v) = sig.args, args
+    v = builder.load(builder.bitcast(_data(context, builder, p16_t, p16_v, _I32), _V16I.as_pointer()), align=4)
+    lo = builder.shuffle_vector(v, v, ir.Constant(_V8I, list(range(8))))
+    hi = builder.shuffle_vector(v, v, ir.Constant(_V8I, list(range(8, 16))))
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.add(lo, hi)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p16: types.void(p16) if _flat(p16) else None)
+def zero16(context, builder, sig, args):
+    """p16[0:16] = 0 (int32[16], array or pointer), as one <16 x i32> store."""
+    ptr = builder.bitcast(_data(context, builder, sig.args[0], args[0], _I32), _V16I.as_pointer())
+    builder.store(ir.Constant(_V16I, [0] * 16), ptr, align=4)
 
 
 @ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if _flat(acc, p) else None)

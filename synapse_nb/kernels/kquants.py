@@ -49,9 +49,10 @@ seen here: the drivers in matmul.py check shapes against the ggml type first.
 import numpy as np
 from numba import carray, njit
 
-from .common import (KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, bsums_madd8, dot32_diff_scaled_add,
-                     dot32_scaled_add, f16_le, f32_bits, fma32, hsum_float_8, iq4_lookup32, isum8, lanes_fma8,
-                     load_f32, pairs_fma4, ptr_offset, stack_f32, stack_i32, stack_u8, u32_as_f32)
+from .common import (KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, bsums_madd8, dot32_scaled_add,
+                     dot64_diff_scaled_add, dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8,
+                     iq4_lookup32, isum8, lanes_fma8, load_f32, pairs_fma4, ptr_offset, stack_f32, stack_i32,
+                     stack_u8, u32_as_f32, zero16)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -310,6 +311,55 @@ def dequantize_row_iq4_xs(out, w_row):
 # buffers live on the stack.
 
 
+# ---------------------------------------------------------------------------------------
+# Multi-row dots (rows_dot_T_q8_K, below each vec_dot): the per-row pieces
+# ---------------------------------------------------------------------------------------
+# Per row and super-block, vec_dot's eight dot32_scaled_add calls become four dot64_scaled_add
+# (two 32-value chunks per vpdpbusd.512 / vpmulld on one zmm) and a fold of the two halves: the
+# same exact int32 lanes.  The per-lane scale vectors (sv) are weight-only, built once per block.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _chunk_scales(sv, sc, per_half):
+    """sv[8c + k] = the scale of lane k of 32-value chunk c (c < 8): sc[c] (one scale per chunk:
+    Q4_K, Q5_K, IQ4_XS) or, per_half, sc[2c] for k < 4 and sc[2c+1] for k >= 4 (16-value
+    sub-blocks: Q2_K, Q3_K, Q6_K), as vec_dot's dot32_scaled_add(..., s_lo, s_hi) calls."""
+    for j in range(64):
+        if per_half:
+            sv[j] = sc[2 * (j // 8) + (j % 8) // 4]
+        else:
+            sv[j] = sc[j // 8]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _k4_min_pairs(mins, sc):
+    """mins[2c] = mins[2c+1] = min c (sc[8 + c] from _k4_unpack): bsums_madd8's coefficients, so
+    that lane c is min c * (bsums[2c] + bsums[2c+1])."""
+    for c in range(8):
+        mins[2 * c] = sc[8 + c]
+        mins[2 * c + 1] = sc[8 + c]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lanes_add(p, p16, qb, a, yo, sv):
+    """p[0:8] += the super-block's 8 int32 lanes: sum over chunks c of sv[8c + k] * the 4-value
+    sums of qb[32c:] * the Q8_K values at a[yo + 4 + 32c:] (vec_dot's dot32_scaled_add loop)."""
+    zero16(p16)
+    for c in range(0, 8, 2):
+        dot64_scaled_add(p16, qb, 32 * c, a, yo + 4 + 32 * c, sv, 8 * c)
+    fold16_add(p, p16)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lanes_diff_add(p, p16, qb, qh, h_step, a, yo, sv):
+    """As _lanes_add for weights qb - qh (chunk c of qh at h_step * c): vec_dot's pairs of
+    dot32_scaled_add with scales s and -s."""
+    zero16(p16)
+    for c in range(0, 8, 2):
+        dot64_diff_scaled_add(p16, qb, 32 * c, qh, h_step * c, a, yo + 4 + 32 * c, sv, 8 * c)
+    fold16_add(p, p16)
+
+
 @njit(cache=True, error_model="numpy")
 def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
@@ -371,8 +421,10 @@ def rows_dot_q2_K_q8_K(y, m, w_row, a):
     nb = w_row.size // Q2_K_BYTES
     rb = a.shape[1]
     p = stack_i32(8)
+    p16 = stack_i32(16)
     pm = stack_i32(8)
     sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
     mins = carray(stack_i32(16), 16)
     qb = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
@@ -388,6 +440,7 @@ def rows_dot_q2_K_q8_K(y, m, w_row, a):
                 b = np.int32(w[j])
                 sc[j] = b & np.int32(15)
                 mins[j] = b >> np.int32(4)
+            _chunk_scales(sv, sc, True)
             _unpack_2bit(qb, w, 16)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
@@ -395,8 +448,7 @@ def rows_dot_q2_K_q8_K(y, m, w_row, a):
                 bsums_madd8(pm, mins, a, yo + 260)
                 lanes_fma8(ptr_offset(accs, 8 * n), -yd * dminw, pm)
                 acc8_zero(p)
-                for c in range(8):
-                    dot32_scaled_add(p, qb, 32 * c, a, yo + 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+                _lanes_add(p, p16, qb, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
@@ -451,14 +503,16 @@ def _unpack_q3_K(qb, qh, w):
 @njit(cache=True, error_model="numpy")
 def rows_dot_q3_K_q8_K(y, m, w_row, a):
     """y[n, m] = vec_dot_q3_K_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
-    two scaled dots in one multiply, common.dot32_diff_scaled_add: the same int32 lanes).
+    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
 
     y: float32[N, M]; w_row: uint8[nb*110]; a: uint8[N, nb*292] (C-contiguous).
     """
     nb = w_row.size // Q3_K_BYTES
     rb = a.shape[1]
     p = stack_i32(8)
+    p16 = stack_i32(16)
     sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
     qb = carray(stack_u8(256), 256)
     qh = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
@@ -471,12 +525,12 @@ def rows_dot_q3_K_q8_K(y, m, w_row, a):
             dw = f16_le(w, 108)
             for j in range(16):
                 sc[j] = _q3_scale(w, 96, j)
+            _chunk_scales(sv, sc, True)
             _unpack_q3_K(qb, qh, w)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
                 acc8_zero(p)
-                for c in range(8):
-                    dot32_diff_scaled_add(p, qb, 32 * c, qh, 32 * c, a, yo + 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+                _lanes_diff_add(p, p16, qb, qh, 32, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), load_f32(a, yo) * dw, p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
@@ -548,14 +602,15 @@ def _unpack_q4_K(qb, w):
 def rows_dot_q4_K_q8_K(y, m, w_row, a):
     """y[n, m] = vec_dot_q4_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
 
-    y: float32[N, M]; w_row: uint8[nb*144]; a: uint8[N, nb*292] (C-contiguous).  Per block the
-    weights, scales and mins are unpacked once, then each row does vec_dot's per-block steps.
+    y: float32[N, M]; w_row: uint8[nb*144]; a: uint8[N, nb*292] (C-contiguous).
     """
     nb = w_row.size // Q4_K_BYTES
     rb = a.shape[1]
     p = stack_i32(8)
+    p16 = stack_i32(16)
     pm = stack_i32(8)
     sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
     mins = carray(stack_i32(16), 16)
     qb = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
@@ -572,9 +627,8 @@ def rows_dot_q4_K_q8_K(y, m, w_row, a):
             dw = f16_le(w, 0)
             dminw = f16_le(w, 2)
             _k4_unpack(sc, w, 4)
-            for c in range(8):  # min c pairs with bsums 2c, 2c+1
-                mins[2 * c] = sc[8 + c]
-                mins[2 * c + 1] = sc[8 + c]
+            _k4_min_pairs(mins, sc)
+            _chunk_scales(sv, sc, False)
             _unpack_q4_K(qb, w)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
@@ -583,8 +637,7 @@ def rows_dot_q4_K_q8_K(y, m, w_row, a):
                 bsums_madd8(pm, mins, a, yo + 260)
                 pairs_fma4(ptr_offset(accm, 4 * n), -yd * dminw, pm)
                 acc8_zero(p)
-                for c in range(8):
-                    dot32_scaled_add(p, qb, 32 * c, a, yo + 4 + 32 * c, sc[c], sc[c])
+                _lanes_add(p, p16, qb, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + (
@@ -649,8 +702,10 @@ def rows_dot_q5_K_q8_K(y, m, w_row, a):
     nb = w_row.size // Q5_K_BYTES
     rb = a.shape[1]
     p = stack_i32(8)
+    p16 = stack_i32(16)
     pm = stack_i32(8)
     sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
     mins = carray(stack_i32(16), 16)
     qb = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
@@ -665,9 +720,8 @@ def rows_dot_q5_K_q8_K(y, m, w_row, a):
             dw = f16_le(w, 0)
             dminw = f16_le(w, 2)
             _k4_unpack(sc, w, 4)
-            for c in range(8):  # min c pairs with bsums 2c, 2c+1
-                mins[2 * c] = sc[8 + c]
-                mins[2 * c + 1] = sc[8 + c]
+            _k4_min_pairs(mins, sc)
+            _chunk_scales(sv, sc, False)
             _unpack_q5_K(qb, w)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
@@ -675,8 +729,7 @@ def rows_dot_q5_K_q8_K(y, m, w_row, a):
                 bsums_madd8(pm, mins, a, yo + 260)  # msum = the sum of its lanes (exact int32)
                 summs[n] = fma32(-yd * dminw, np.float32(isum8(pm)), summs[n])
                 acc8_zero(p)
-                for c in range(8):
-                    dot32_scaled_add(p, qb, 32 * c, a, yo + 4 + 32 * c, sc[c], sc[c])
+                _lanes_add(p, p16, qb, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
@@ -741,8 +794,10 @@ def rows_dot_q6_K_q8_K(y, m, w_row, a):
     nb = w_row.size // Q6_K_BYTES
     rb = a.shape[1]
     p = stack_i32(8)
+    p16 = stack_i32(16)
     sc = carray(stack_i32(16), 16)
     sc32 = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
     qb = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
     for g in range(0, a.shape[0], ROWS_GROUP):
@@ -755,20 +810,20 @@ def rows_dot_q6_K_q8_K(y, m, w_row, a):
             for j in range(16):
                 sc[j] = np.int32(np.int8(w[192 + j]))
                 sc32[j] = sc[j] * np.int32(-32)  # -((s0*b0 + s1*b1) << 5) == (-32*s0)*b0 + (-32*s1)*b1 (int32)
+            _chunk_scales(sv, sc, True)
             _unpack_q6_K(qb, w)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
                 d = load_f32(a, yo) * dw
                 bsums_madd8(p, sc32, a, yo + 260)  # the -32 offset of each lane (vec_dot's p init)
-                for c in range(8):
-                    dot32_scaled_add(p, qb, 32 * c, a, yo + 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
+                _lanes_add(p, p16, qb, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), d, p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
 # the IQ4 weights are looked up as kvalues_iq4nl + 128 (unsigned bytes for the 4-value dots)
-_U8_128 = np.full(32, 128, np.uint8)
+_U8_128 = np.full(64, 128, np.uint8)  # (64: two chunks for dot64_diff_scaled_add)
 
 
 @njit(cache=True, error_model="numpy")
@@ -807,7 +862,7 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
 @njit(cache=True, error_model="numpy")
 def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
     """y[n, m] = vec_dot_iq4_xs_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
-    two scaled dots in one multiply, common.dot32_diff_scaled_add: the same int32 lanes).
+    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
 
     y: float32[N, M]; w_row: uint8[nb*136]; a: uint8[N, nb*292] (C-contiguous).
     """
@@ -815,7 +870,9 @@ def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
     rb = a.shape[1]
     c128 = _U8_128
     p = stack_i32(8)
+    p16 = stack_i32(16)
     ls = carray(stack_i32(8), 8)
+    sv = carray(stack_i32(64), 64)
     qb = carray(stack_u8(256), 256)
     accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
     for g in range(0, a.shape[0], ROWS_GROUP):
@@ -830,11 +887,11 @@ def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
                 iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
                 ls[ib] = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
                           | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+            _chunk_scales(sv, ls, False)
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
                 acc8_zero(p)
-                for ib in range(8):
-                    dot32_diff_scaled_add(p, qb, 32 * ib, c128, 0, a, yo + 4 + 32 * ib, ls[ib], ls[ib])
+                _lanes_diff_add(p, p16, qb, c128, 0, a, yo, sv)
                 lanes_fma8(ptr_offset(accs, 8 * n), dw * load_f32(a, yo), p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
