@@ -111,8 +111,7 @@ def main():
             elif fmt.block_size == 32:
                 b[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
             else:  # K-quants / IQ4_XS: put finite F16 super-block scales where they live
-                for off in {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-                            "Q6_K": (208,), "IQ4_XS": (0,)}.get(name, ()):
+                for off in fmt.f16_fields:
                     b[:, off:off + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
             self.data = b.reshape(-1)
 
@@ -150,19 +149,23 @@ def main():
 
         u8 = types.Array(types.uint8, 1, "C")
         sig = (u8, u8, types.Array(types.int32, 1, "C"))
+        # rows_dot(y, m, w_row, a): the matmul drivers' kernel for N > 1, where a format has one
+        rows_sig = (types.Array(types.float32, 2, "C"), types.int64, u8, types.Array(types.uint8, 2, "C"))
         for f in weight_formats():
-            name = f.name
-            fn = getattr(importlib.import_module(f"synapse_nb.kernels.{f.kernels}"), f.vec_dot_name())
-            fn.compile(sig)
-            asm = fn.inspect_asm(sig)
-            lines = asm.splitlines()
+            mod = importlib.import_module(f"synapse_nb.kernels.{f.kernels}")
+            for fname, s in ((f.vec_dot_name(), sig), (f.rows_dot_name(), rows_sig)):
+                fn = getattr(mod, fname, None)
+                if fn is None:
+                    continue
+                fn.compile(s)
+                lines = fn.inspect_asm(s).splitlines()
 
-            def count(tok):
-                return sum(tok in ln for ln in lines)
+                def count(tok):
+                    return sum(tok in ln for ln in lines)
 
-            print(f"  {name:7} zmm {count('%zmm'):4}  ymm {count('%ymm'):4}  vpmaddwd {count('vpmaddwd'):3}  "
-                  f"vpdpbusd {count('vpdpbusd'):3}  vpmulld {count('vpmulld'):3}  vfmadd {count('vfmadd'):3}  "
-                  f"({len(lines)} lines)")
+                print(f"  {f.name:7} {fname.split('_')[0]:8} zmm {count('%zmm'):4}  ymm {count('%ymm'):4}  "
+                      f"vpmaddwd {count('vpmaddwd'):3}  vpdpbusd {count('vpdpbusd'):3}  vpmulld {count('vpmulld'):3}  "
+                      f"vfmadd {count('vfmadd'):3}  ({len(lines)} lines)")
 
 
 def int8_dot_peak(nthreads, best_time):

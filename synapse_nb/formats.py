@@ -162,6 +162,9 @@ class BlockFormat:
     vec_dot_type: str | None = None
     kernels: str | None = None  # kernel module of the row functions (weight formats)
     quantize_kernels: str | None = None  # kernel module of quantize_row_<stem> (activation formats)
+    # byte offsets in a block of its F16 scale fields (d, and dmin / m / s where there is one):
+    # what a generator of random blocks must fill with finite values (tests, benchmarks)
+    f16_fields: tuple[int, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -294,6 +297,7 @@ class _Int8Blocks(BlockFormat):
 
     q_lo: int
     q_hi: int
+    f16_fields = (0,)
 
     def scale(self, blocks):
         return _f16_field(blocks, 0)
@@ -342,6 +346,7 @@ Q8_0_ACT = None  # set below (the Q8_0 instance used as an activation format)
 class Q8_1(_Int8Blocks):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_1", GT.Q8_1, 32, 36, "Q8_1"
     q_lo, q_hi, quantize_kernels = 4, 36, "quant_act"
+    f16_fields = (0, 2)
     # ggml block_q8_1 is {f16 d, f16 s, int8 qs[32]} = 36 bytes (gguf-py's table says 40).
 
 
@@ -362,6 +367,8 @@ class Q8_1(_Int8Blocks):
 
 class _Nibbles32(BlockFormat):
     """Formats with 16 bytes of nibbles per 32 values: low nibbles are values 0..15."""
+
+    f16_fields = (0,)
 
     qs_off: int
 
@@ -392,6 +399,8 @@ class _Nibbles32(BlockFormat):
 
 class _Nibbles32Min(_Nibbles32):
     """Q4_1 / Q5_1: unsigned ints with a scale d and a min m (f16 d, f16 m at the block start)."""
+
+    f16_fields = (0, 2)
 
     def values(self, b):
         return self.ints(b).astype(np.float32) * _f16_field(b, 0)[..., None] + _f16_field(b, 2)[..., None]
@@ -460,9 +469,11 @@ class _KQuant(BlockFormat):
     kernels = "kquants"
 
 
-# K-quant weight formats: (name, bytes per 256-value super-block); ggml-common.h block_q2_K ...
-for _name, _size in (("Q2_K", 84), ("Q3_K", 110), ("Q4_K", 144), ("Q5_K", 176), ("Q6_K", 210), ("IQ4_XS", 136)):
-    _register(type(_name, (_KQuant,), {"name": _name, "ggml_type": GT[_name], "type_size": _size,
+# K-quant weight formats: (name, bytes per 256-value super-block, offsets of its F16 d (and dmin));
+# ggml-common.h block_q2_K ...
+for _name, _size, _f16 in (("Q2_K", 84, (80, 82)), ("Q3_K", 110, (108,)), ("Q4_K", 144, (0, 2)),
+                           ("Q5_K", 176, (0, 2)), ("Q6_K", 210, (208,)), ("IQ4_XS", 136, (0,))):
+    _register(type(_name, (_KQuant,), {"name": _name, "ggml_type": GT[_name], "type_size": _size, "f16_fields": _f16,
                                        "__doc__": f"{_name}: 256 values in {_size} bytes."}))
 
 
@@ -473,6 +484,7 @@ class Q8_K(_Int8Blocks):
     name, ggml_type, block_size, type_size, vec_dot_type = "Q8_K", GT.Q8_K, 256, 292, "Q8_K"
     quantize_kernels = "kquants"  # f32 scale, then the 256 int8 values
     q_lo, q_hi = 4, 260
+    f16_fields = ()
 
     def scale(self, blocks):
         return blocks[..., 0:4].copy().view(np.float32)[..., 0]

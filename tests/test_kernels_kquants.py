@@ -34,6 +34,13 @@ SUFFIX = {"q2_k": "q2_K", "q3_k": "q3_K", "q4_k": "q4_K", "q5_k": "q5_K", "q6_k"
 TYPE_TO_FMT = {v[0]: k for k, v in FORMATS.items()}
 
 
+def test_block_layouts_match_the_format_table():
+    from synapse_nb import formats as F
+
+    for fmt, (ggml_type, size, f16_offsets) in FORMATS.items():
+        assert (F.format_of(ggml_type).type_size, F.format_of(ggml_type).f16_fields) == (size, f16_offsets), fmt
+
+
 def dot_fn(fmt):
     return getattr(kq, f"vec_dot_{SUFFIX[fmt]}_q8_K")
 

@@ -46,7 +46,9 @@ def fixture_weight(name):
 
 
 def random_weight(name, m, k, rng):
-    """Random blocks with finite, modest scales (F16 d / m fields) so every value is finite."""
+    """Random blocks of any weight format with finite, modest scales (its F16 fields, from the
+    format table: d, dmin in [1e-4, 0.05]; the Q4_1 / Q5_1 min m in [-0.5, 0.5]) so every value
+    is finite."""
     fmt = F.format_of(name)
     if name == "F32":
         return T("rand", GT.F32, (m, k), rng.standard_normal(m * k).astype(np.float32))
@@ -56,9 +58,9 @@ def random_weight(name, m, k, rng):
         v = rng.standard_normal(m * k).astype(np.float32).view(np.uint32) >> 16
         return T("rand", GT.BF16, (m, k), v.astype(np.uint16))
     b = rng.integers(0, 256, (m * k // fmt.block_size, fmt.type_size), dtype=np.uint8)
-    b[:, 0:2] = rng.uniform(1e-4, 0.05, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    if name in ("Q4_1", "Q5_1"):
-        b[:, 2:4] = rng.uniform(-0.5, 0.5, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    for off in fmt.f16_fields:
+        lo, hi = (-0.5, 0.5) if (name in ("Q4_1", "Q5_1") and off == 2) else (1e-4, 0.05)
+        b[:, off:off + 2] = rng.uniform(lo, hi, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return T("rand", GT[name], (m, k), b)
 
 
@@ -129,7 +131,8 @@ def test_f16_rounding_many_bit_patterns():
 
 @pytest.mark.parametrize("name", ALL)
 def test_matmul_matches_ggml_vec_dot(name):
-    """Every output of ggml's own vec_dot on the fixture, reproduced bit for bit."""
+    """Every output of ggml's own vec_dot on the fixture, reproduced bit for bit (8 activation
+    rows: through the format's multi-row kernel rows_dot where it has one)."""
     w, d = fixture_weight(name)
     y = matmul(w, d["x"])
     assert same_bits(y, d["y"])
@@ -203,13 +206,27 @@ def test_get_rows(name):
 # --- driver properties -----------------------------------------------------------------------
 
 
+def test_every_block_format_has_a_rows_dot():
+    """The quantized formats' matmul drivers take the multi-row path (formats.BlockFormat.rows_dot_name),
+    so test_matmul_rows_equal_matvec compares two different kernels for them."""
+    for fmt in F.weight_formats():
+        if fmt.block_size > 1:
+            assert hasattr(importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}"), fmt.rows_dot_name()), fmt
+
+
 @pytest.mark.parametrize("name", ALL)
-def test_matmul_rows_equal_matvec(name):
+@pytest.mark.parametrize("k", [256, 1280])
+def test_matmul_rows_equal_matvec(name, k):
+    """matmul rows (N > 1: the format's rows_dot when it has one) == matvec (the pair kernel), bit
+    for bit: the fixture weight (one K-quant super-block per row) and random weights of 5
+    super-blocks (40 32-value blocks) per row; one activation row has a zero block."""
     rng = np.random.default_rng(5)
-    w, _ = fixture_weight(name)
-    x = (rng.standard_normal((130, 256)) * rng.uniform(0.01, 10, (130, 1))).astype(np.float32)
+    w = fixture_weight(name)[0] if k == 256 else random_weight(name, 40, k, rng)
+    x = (rng.standard_normal((130, k)) * rng.uniform(0.01, 10, (130, 1))).astype(np.float32)
+    x[5, 256:512] = 0.0
     vec = np.stack([matvec(w, x[n]) for n in range(130)])
-    for n in (1, 7, 64, 130):  # 130: more rows than one 64-row group of the multi-row kernels
+    assert np.isfinite(vec).all()
+    for n in (1, 2, 7, 64, 130):  # 130: more rows than one 64-row group of the multi-row kernels
         assert same_bits(matmul(w, np.ascontiguousarray(x[:n])), vec[:n])
 
 

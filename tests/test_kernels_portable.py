@@ -2,7 +2,8 @@
 
 A subprocess with NUMBA_CPU_NAME=generic (which common.py's host probe reads as "no host
 features", so only portable LLVM IR is emitted) and its own NUMBA_CACHE_DIR runs every weight
-format's vec_dot row function and every activation quantizer on ggml's fixtures
+format's vec_dot row function (and its multi-row rows_dot, where it has one) and every
+activation quantizer on ggml's fixtures
 (tests/data/kernels/FMT.npz: ggml's activation bytes and vec_dot outputs) and compares bit for bit.
 """
 
@@ -30,7 +31,9 @@ for fmt in F.weight_formats():
     z = np.load(f"{KERNELS}/{fmt.name.lower()}.npz")
     act = F.format_of(fmt.vec_dot_type)
     quant = getattr(importlib.import_module(f"synapse_nb.kernels.{act.quantize_kernels}"), f"quantize_row_{act.stem}")
-    dot = getattr(importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}"), fmt.vec_dot_name())
+    mod = importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}")
+    dot = getattr(mod, fmt.vec_dot_name())
+    rows_dot = getattr(mod, fmt.rows_dot_name(), None)
     x, act_ref, y_ref = z["x"], z["act_bytes"], z["y"]
     w = np.ascontiguousarray(z["weight_bytes"]).view(np.uint8).reshape(y_ref.shape[1], -1)
     a = np.empty_like(act_ref)
@@ -39,9 +42,15 @@ for fmt in F.weight_formats():
     scratch = np.empty(2 * x.shape[1] + 128, np.int32)
     rows = range(0, w.shape[0], 3)
     y = np.array([[dot(w[m], a[n], scratch) for m in rows] for n in range(a.shape[0])], np.float32)
+    rows_ok = None  # (no multi-row kernel)
+    if rows_dot is not None:  # the multi-row kernel (matmul with N > 1), all 8 rows at once
+        yr = np.zeros_like(y_ref)
+        for m in rows:
+            rows_dot(yr, m, w[m], a)
+        rows_ok = bool(np.array_equal(yr[:, ::3].view(np.uint32), y_ref[:, ::3].view(np.uint32)))
     res[fmt.name] = {"act": bool(np.array_equal(a, act_ref)),
                      "dot": bool(np.array_equal(y.view(np.uint32), y_ref[:, ::3].view(np.uint32))),
-                     "n": int(y.size)}
+                     "rows_dot": rows_ok, "n": int(y.size)}
 print(json.dumps(res))
 """
 
@@ -54,5 +63,6 @@ def test_portable_path_of_every_format_matches_ggml(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert sorted(res) == sorted(f.name for f in F.weight_formats())
-    bad = {k: v for k, v in res.items() if not (v["act"] and v["dot"] and v["n"] >= 8 * 256)}
+    bad = {k: v for k, v in res.items()
+           if not (v["act"] and v["dot"] and v["rows_dot"] is not False and v["n"] >= 8 * 256)}
     assert not bad, bad

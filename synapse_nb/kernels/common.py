@@ -33,6 +33,10 @@ from ..formats import KVALUES_IQ4NL as _KVALUES_IQ4NL
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
+# Activation rows per pass of the multi-row dots (rows_dot_*: legacy.py, kquants.py): their
+# accumulators, 8 float32 per row, live on the stack.
+ROWS_GROUP = 64
+
 HOST_FEATURES = {} if (config.CPU_NAME or config.CPU_FEATURES) else dict(llvm_binding.get_host_cpu_features())
 HAS_F16C = bool(HOST_FEATURES.get("f16c"))
 HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
@@ -294,28 +298,31 @@ def ir_add_const(builder, v, c):
     return builder.add(v, ir.Constant(v.type, [c & 0xFF if v.type.element == _I8 else c] * v.type.count))
 
 
-# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32): used when the host
-# has AVX512-VNNI + VL (HAS_VNNI256), else the portable widening multiply.
+# vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32; 16 lanes for 64
+# values on a zmm): used when the host has AVX512-VNNI + VL (HAS_VNNI256; the 512-bit form needs
+# only AVX512-VNNI, which implies AVX512F), else the portable widening multiply.
 
 
 def _lanes_portable(builder, w8, a8, signed):
-    i32x32 = ir.VectorType(_I32, 32)
-    wv = builder.sext(w8, i32x32) if signed else builder.zext(w8, i32x32)
-    prod = builder.mul(wv, builder.sext(a8, i32x32))
-    undef = ir.Constant(i32x32, ir.Undefined)
-    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, 8), list(range(k, 32, 4))))
+    n = w8.type.count
+    i32xn = ir.VectorType(_I32, n)
+    wv = builder.sext(w8, i32xn) if signed else builder.zext(w8, i32xn)
+    prod = builder.mul(wv, builder.sext(a8, i32xn))
+    undef = ir.Constant(i32xn, ir.Undefined)
+    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, n // 4), list(range(k, n, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
 def _lanes_vnni(builder, w8, a8, signed):
-    i8x32, i32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8)
+    n = w8.type.count
+    i8xn, i32xl = ir.VectorType(_I8, n), ir.VectorType(_I32, n // 4)
     if signed:  # ggml's trick: |w| (as u8; |-128| = 128) times a carrying w's sign
-        neg = builder.icmp_signed("<", w8, ir.Constant(i8x32, [0] * 32))
+        neg = builder.icmp_signed("<", w8, ir.Constant(i8xn, [0] * n))
         w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x8, [i32x8] * 3),
-                                        "llvm.x86.avx512.vpdpbusd.256")
-    return builder.call(fn, [ir.Constant(i32x8, [0] * 8), builder.bitcast(w8, i32x8), builder.bitcast(a8, i32x8)])
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32xl, [i32xl] * 3),
+                                        f"llvm.x86.avx512.vpdpbusd.{8 * n}")
+    return builder.call(fn, [ir.Constant(i32xl, [0] * (n // 4)), builder.bitcast(w8, i32xl), builder.bitcast(a8, i32xl)])
 
 
 def _lanes_vnni512(builder, w8, a8, signed):
@@ -339,8 +346,9 @@ def _lanes_portable64(builder, w8, a8, signed):
 
 
 def ir_lanes(builder, w8, a8, signed):
-    """<8 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <32 x i8> weights w (signed, or unsigned
-    0..255 when not ``signed``) and signed activations a: exact (ggml's maddubs + madd)."""
+    """<n/4 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <n x i8> weights w (signed, or unsigned
+    0..255 when not ``signed``) and signed activations a, n = 32 (one ymm: vpdpbusd.256) or 64
+    (two 32-value chunks in one zmm: vpdpbusd.512): exact (ggml's maddubs + madd)."""
     return (_lanes_vnni if HAS_VNNI256 else _lanes_portable)(builder, w8, a8, signed)
 
 
@@ -362,8 +370,19 @@ def ir_fma8(builder, acc_ptr, d, lanes, splat_first=False):
 
 
 def _data(context, builder, aty, aval, elt=_I8):
-    """Data pointer of a Numba array argument, as elt*."""
+    """Data pointer of a Numba array argument, or a raw pointer (stack_*, ptr_offset), as elt*.
+    Offsets into it are flat element offsets: a 2-D (C-contiguous, see _flat) array's row r
+    starts at r * shape[1]."""
+    if isinstance(aty, types.CPointer):
+        return builder.bitcast(aval, elt.as_pointer())
     return builder.bitcast(context.make_array(aty)(context, builder, aval).data, elt.as_pointer())
+
+
+def _flat(*tys):
+    """True when every type is a raw pointer, a 1-D array, or a C-contiguous array: memory that
+    _data plus a flat offset addresses correctly (typers return no signature otherwise)."""
+    return all(isinstance(t, types.CPointer) or (isinstance(t, types.Array) and (t.ndim == 1 or t.layout == "C"))
+               for t in tys)
 
 
 def make_block_lanes_fma(decode, signed):
@@ -612,12 +631,14 @@ _V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
 
 @ir_intrinsic(lambda p, qb, qo, ya, yo, s_lo, s_hi: types.void(p, qb, types.intp, ya, types.intp, types.int32,
-                                                               types.int32))
+                                                               types.int32) if _flat(p, qb, ya) else None)
 def dot32_scaled_add(context, builder, sig, args):
     """p[k] += (k < 4 ? s_lo : s_hi) * sum_{i<4} qb[qo+4k+i] * int8(ya[yo+4k+i]), k = 0..7.
 
     p: int32[8]; qb: uint8 values 0..255 (unpacked weights); ya: the Q8_K activation bytes;
     qo, yo: element offsets of a 32-value chunk; s_lo, s_hi: int32 scales of its two halves.
+    Each of p, qb, ya may be an array (a 2-D one C-contiguous, yo then a flat byte offset: row r
+    at r * shape[1]) or a raw pointer (stack_*, ptr_offset).
     The 4-value lane sums are those of ggml's maddubs+madd (exact int32), ir_lanes unsigned.
     """
     p_t, qb_t, _, ya_t, _, _, _ = sig.args
@@ -631,13 +652,118 @@ def dot32_scaled_add(context, builder, sig, args):
     builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
 
 
-@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p))
+_V16I = ir.VectorType(_I32, 16)
+
+
+@ir_intrinsic(lambda p16, qb, qo, ya, yo, sv, so: types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp)
+              if _flat(p16, qb, ya, sv) else None)
+def dot64_scaled_add(context, builder, sig, args):
+    """p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
+    32-value chunks at once (lanes 0..7 the first chunk's, 8..15 the second's; one vpdpbusd.512).
+    With sv[so+j] the scale of lane j % 8 of chunk j // 8, fold16_add(p, p16) then gives p exactly
+    the int32 lanes of dot32_scaled_add on the two chunks (wrapping int32 sums: any order).
+    p16, sv: int32[16] (arrays or pointers); qb, ya as in dot32_scaled_add."""
+    p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
+    p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
+    q8 = _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64)
+    y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
+    lanes = ir_lanes(builder, q8, y8, signed=False)
+    sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
+    scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p16, qb, qo, qh, ho, ya, yo, sv, so: types.void(
+    p16, qb, types.intp, qh, types.intp, ya, types.intp, sv, types.intp) if _flat(p16, qb, qh, ya, sv) else None)
+def dot64_diff_scaled_add(context, builder, sig, args):
+    """p16[j] += sv[so+j] * (lanes(qb[qo:]) - lanes(qh[ho:]))[j], j = 0..15, with lanes(q) the 4-value
+    sums of q * int8(ya[yo:yo+64]) (as dot64_scaled_add): for weights stored as a difference of two
+    unsigned parts (Q3_K's low bits and "minus 4", IQ4_XS's kvalues + 128 and 128), the int32 lanes
+    of dot32_scaled_add(qb, s) then dot32_scaled_add(qh, -s) on each chunk, in one multiply."""
+    p_t, qb_t, _, qh_t, _, ya_t, _, sv_t, _ = sig.args
+    p_v, qb_v, qo_v, qh_v, ho_v, ya_v, yo_v, sv_v, so_v = args
+    y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
+    l1 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64), y8, False)
+    l2 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v]), 64), y8, False)
+    sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
+    scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(builder.sub(l1, l2), scale)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p, p16: types.void(p, p16) if _flat(p, p16) else None)
+def fold16_add(context, builder, sig, args):
+    """p[k] += p16[k] + p16[8+k], k = 0..7 (int32, wrapping): dot64_scaled_add's two chunk halves
+    into the 8 lanes."""
+    (p_t, p16_t), (p_v, p16_v) = sig.args, args
+    v = builder.load(builder.bitcast(_data(context, builder, p16_t, p16_v, _I32), _V16I.as_pointer()), align=4)
+    lo = builder.shuffle_vector(v, v, ir.Constant(_V8I, list(range(8))))
+    hi = builder.shuffle_vector(v, v, ir.Constant(_V8I, list(range(8, 16))))
+    p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    builder.store(builder.add(builder.load(p_ptr, align=4), builder.add(lo, hi)), p_ptr, align=4)
+
+
+@ir_intrinsic(lambda p16: types.void(p16) if _flat(p16) else None)
+def zero16(context, builder, sig, args):
+    """p16[0:16] = 0 (int32[16], array or pointer), as one <16 x i32> store."""
+    ptr = builder.bitcast(_data(context, builder, sig.args[0], args[0], _I32), _V16I.as_pointer())
+    builder.store(ir.Constant(_V16I, [0] * 16), ptr, align=4)
+
+
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if _flat(acc, p) else None)
 def lanes_fma8(context, builder, sig, args):
-    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8]):
+    """acc[k] = fma(d, float32(p[k]), acc[k]) for k = 0..7 (acc: float32[>= 8], p: int32[8], each
+    an array or a raw pointer, e.g. ptr_offset(accs, 8 * n)):
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc) as one <8 x float> llvm.fma (ir_fma8)."""
     (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
     lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
     ir_fma8(builder, _data(context, builder, acc_t, acc_v, _F32), d_v, lanes, splat_first=True)
+
+
+@ir_intrinsic(lambda p, coef, a, off: types.void(p, coef, a, types.intp) if _flat(p, coef, a) else None)
+def bsums_madd8(context, builder, sig, args):
+    """p[k] = coef[2k] * bs[2k] + coef[2k+1] * bs[2k+1], k = 0..7, for the 16 little-endian int16
+    bsums bs at byte offset off of a (a Q8_K block's, flat as _data) and int32 coef[16]; exact
+    int32 (as _mm256_madd_epi16 on ggml's 16-bit operands). p, coef: int32 arrays or pointers."""
+    (p_t, c_t, a_t, _), (p_v, c_v, a_v, off_v) = sig.args, args
+    v16i = ir.VectorType(_I32, 16)
+    bs_ptr = builder.gep(_data(context, builder, a_t, a_v), [off_v])
+    bs = builder.sext(_vload(builder, bs_ptr, 16, ir.IntType(16)), v16i)
+    coef = builder.load(builder.bitcast(_data(context, builder, c_t, c_v, _I32), v16i.as_pointer()), align=4)
+    prod = builder.mul(bs, coef)
+    undef = ir.Constant(v16i, ir.Undefined)
+    even = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(0, 16, 2))))
+    odd = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(1, 16, 2))))
+    builder.store(builder.add(even, odd), builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()),
+                  align=4)
+
+
+@ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if _flat(acc, p) else None)
+def pairs_fma4(context, builder, sig, args):
+    """acc[m] = fma(d, float32(p[2m] + p[2m+1]), acc[m]) for m = 0..3 (acc: float32[4], p: int32[8];
+    arrays or pointers): four lanes of one <4 x float> llvm.fma, each the scalar fma's bits."""
+    (acc_t, _, p_t), (acc_v, d_v, p_v) = sig.args, args
+    v4i, v4f = ir.VectorType(_I32, 4), ir.VectorType(_F32, 4)
+    lanes = builder.load(builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()), align=4)
+    undef = ir.Constant(_V8I, ir.Undefined)
+    s = builder.add(builder.shuffle_vector(lanes, undef, ir.Constant(v4i, [0, 2, 4, 6])),
+                    builder.shuffle_vector(lanes, undef, ir.Constant(v4i, [1, 3, 5, 7])))
+    aptr = builder.bitcast(_data(context, builder, acc_t, acc_v, _F32), v4f.as_pointer())
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4f, [v4f] * 3), "llvm.fma.v4f32")
+    builder.store(builder.call(fma, [_splat(builder, d_v, 4), builder.sitofp(s, v4f), builder.load(aptr, align=4)]),
+                  aptr, align=4)
+
+
+@ir_intrinsic(lambda p: types.int32(p) if _flat(p) else None)
+def isum8(context, builder, sig, args):
+    """p[0] + ... + p[7] (int32[8], array or pointer; wrapping int32, so the order is immaterial)."""
+    v = builder.load(builder.bitcast(_data(context, builder, sig.args[0], args[0], _I32), _V8I.as_pointer()), align=4)
+    for half in (4, 2, 1):  # a shuffle tree: halves added lane-wise
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half, 2 * half))))
+        v = builder.add(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 @ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
@@ -660,8 +786,9 @@ def _acc8(builder, ptr):
 
 @ir_intrinsic(lambda acc_ptr: types.void(acc_ptr))
 def acc8_zero(context, builder, sig, args):
-    """acc[0:8] = 0 (acc_ptr from stack_f32(8))."""
-    builder.store(ir.Constant(_V8F, [0.0] * 8), _acc8(builder, args[0]), align=4)
+    """acc[0:8] = 0 (acc_ptr from stack_f32(8), or stack_i32(8): int32 lanes, as one <8 x i32> store)."""
+    vty = _V8I if sig.args[0].dtype == types.int32 else _V8F
+    builder.store(ir.Constant(vty, [0] * 8), builder.bitcast(args[0], vty.as_pointer()), align=4)
 
 
 @ir_intrinsic(lambda dst_ptr, src_ptr: types.void(dst_ptr, src_ptr))
@@ -713,6 +840,14 @@ def acc8_lane(context, builder, sig, args):
     """acc[i] of 8 float32 touched only as a vector (e.g. the sums of make_block4_dot)."""
     v = builder.load(_acc8(builder, args[0]), align=4)
     return builder.extract_element(v, builder.trunc(args[1], _I32))
+
+
+@ir_intrinsic(lambda a, off: types.float32(a, types.intp) if _flat(a) else None)
+def load_f32(context, builder, sig, args):
+    """The little-endian float32 at byte offset off of a uint8 array or pointer (flat, as _data):
+    one unaligned load (the Q8_K block's d)."""
+    ptr = builder.gep(_data(context, builder, sig.args[0], args[0]), [args[1]])
+    return builder.load(builder.bitcast(ptr, _F32.as_pointer()), align=1)
 
 
 @intrinsic

@@ -9,6 +9,16 @@ Row kernels that reproduce ggml's CPU backend bit for bit:
 - ``vec_dot_T_q8_K(w_row, a_row, scratch)``: ggml-cpu/arch/x86/quants.c ``ggml_vec_dot_T_q8_K``,
   AVX2 path (the AVX-512 build compiles the same code), as vendored in llama-cpp-python
   0.3.36 (llama.cpp 0c1e570), built by gcc -O3 -march=native -std=gnu11.
+- ``rows_dot_T_q8_K(y, m, w_row, a)``: y[n, m] = vec_dot_T_q8_K(w_row, a[n]) for all rows n of
+  a (uint8 [N, nb*292], C-contiguous) bit for bit: the matmul drivers' kernel for N > 1.  Per
+  super-block the weight-only work (unpack qb[256] through the same _unpack_* helper as
+  vec_dot, the scales and mins, the F16 d / dmin) is done once, then each row does vec_dot's
+  activation-dependent steps in its order (d = y.d * ..., min terms from bsums, the 8 chunk dots,
+  the lane fma) into its own 8 accumulators on the stack (common.ROWS_GROUP rows per pass).
+  Activations are addressed by flat byte offsets into a (no per-row or per-block views, which
+  cost more than the work here).  Integer lanes are exact int32, so where rows_dot forms them
+  differently (bsums with one vector multiply, Q3_K / IQ4_XS's two dots per chunk with one
+  scale multiply) they are the same bits.
 
 How the x86 dots accumulate, and how we reproduce it.  Each 256-value super-block is
 reduced to eight int32 "lanes" (one per 32-bit element of a __m256i): lane k holds the
@@ -39,8 +49,10 @@ seen here: the drivers in matmul.py check shapes against the ggml type first.
 import numpy as np
 from numba import carray, njit
 
-from .common import (KVALUES_IQ4NL, dot32_scaled_add, f16_le, f32_bits, fma32, hsum_float_8, iq4_lookup32,
-                     lanes_fma8, stack_f32, stack_i32, stack_u8, u32_as_f32)
+from .common import (KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, bsums_madd8, dot32_scaled_add,
+                     dot64_diff_scaled_add, dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8,
+                     iq4_lookup32, isum8, lanes_fma8, load_f32, pairs_fma4, ptr_offset, stack_f32, stack_i32,
+                     stack_u8, u32_as_f32, zero16)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -299,6 +311,55 @@ def dequantize_row_iq4_xs(out, w_row):
 # buffers live on the stack.
 
 
+# ---------------------------------------------------------------------------------------
+# Multi-row dots (rows_dot_T_q8_K, below each vec_dot): the per-row pieces
+# ---------------------------------------------------------------------------------------
+# Per row and super-block, vec_dot's eight dot32_scaled_add calls become four dot64_scaled_add
+# (two 32-value chunks per vpdpbusd.512 / vpmulld on one zmm) and a fold of the two halves: the
+# same exact int32 lanes.  The per-lane scale vectors (sv) are weight-only, built once per block.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _chunk_scales(sv, sc, per_half):
+    """sv[8c + k] = the scale of lane k of 32-value chunk c (c < 8): sc[c] (one scale per chunk:
+    Q4_K, Q5_K, IQ4_XS) or, per_half, sc[2c] for k < 4 and sc[2c+1] for k >= 4 (16-value
+    sub-blocks: Q2_K, Q3_K, Q6_K), as vec_dot's dot32_scaled_add(..., s_lo, s_hi) calls."""
+    for j in range(64):
+        if per_half:
+            sv[j] = sc[2 * (j // 8) + (j % 8) // 4]
+        else:
+            sv[j] = sc[j // 8]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _k4_min_pairs(mins, sc):
+    """mins[2c] = mins[2c+1] = min c (sc[8 + c] from _k4_unpack): bsums_madd8's coefficients, so
+    that lane c is min c * (bsums[2c] + bsums[2c+1])."""
+    for c in range(8):
+        mins[2 * c] = sc[8 + c]
+        mins[2 * c + 1] = sc[8 + c]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lanes_add(p, p16, qb, a, yo, sv):
+    """p[0:8] += the super-block's 8 int32 lanes: sum over chunks c of sv[8c + k] * the 4-value
+    sums of qb[32c:] * the Q8_K values at a[yo + 4 + 32c:] (vec_dot's dot32_scaled_add loop)."""
+    zero16(p16)
+    for c in range(0, 8, 2):
+        dot64_scaled_add(p16, qb, 32 * c, a, yo + 4 + 32 * c, sv, 8 * c)
+    fold16_add(p, p16)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lanes_diff_add(p, p16, qb, qh, h_step, a, yo, sv):
+    """As _lanes_add for weights qb - qh (chunk c of qh at h_step * c): vec_dot's pairs of
+    dot32_scaled_add with scales s and -s."""
+    zero16(p16)
+    for c in range(0, 8, 2):
+        dot64_diff_scaled_add(p16, qb, 32 * c, qh, h_step * c, a, yo + 4 + 32 * c, sv, 8 * c)
+    fold16_add(p, p16)
+
+
 @njit(cache=True, error_model="numpy")
 def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
     """Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
@@ -330,19 +391,67 @@ def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
         for k in range(8):
             pm[k] = sc[16 + 2 * k] * np.int32(y16[130 + 2 * k]) + sc[17 + 2 * k] * np.int32(y16[131 + 2 * k])
         lanes_fma8(acc, dmin, pm)
-        for j in range(2):
-            for t in range(32):
-                b = w[16 + 32 * j + t]
-                qb[128 * j + t] = b & np.uint8(3)
-                qb[128 * j + 32 + t] = (b >> np.uint8(2)) & np.uint8(3)
-                qb[128 * j + 64 + t] = (b >> np.uint8(4)) & np.uint8(3)
-                qb[128 * j + 96 + t] = b >> np.uint8(6)
+        _unpack_2bit(qb, w, 16)
         for k in range(8):
             p[k] = 0
         for c in range(8):
             dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
         lanes_fma8(acc, d, p)
     return hsum_float_8(acc)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _unpack_2bit(qb, w, o):
+    """qb[0:256] = the 2-bit values of the 64 bytes w[o:o+64] (Q2_K / Q3_K qs) in value order."""
+    for j in range(2):
+        for t in range(32):
+            b = w[o + 32 * j + t]
+            qb[128 * j + t] = b & np.uint8(3)
+            qb[128 * j + 32 + t] = (b >> np.uint8(2)) & np.uint8(3)
+            qb[128 * j + 64 + t] = (b >> np.uint8(4)) & np.uint8(3)
+            qb[128 * j + 96 + t] = b >> np.uint8(6)
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_q2_K_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_q2_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
+
+    y: float32[N, M]; w_row: uint8[nb*84]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // Q2_K_BYTES
+    rb = a.shape[1]
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    pm = stack_i32(8)
+    sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
+    mins = carray(stack_i32(16), 16)
+    qb = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for i in range(nb):
+            w = w_row[i * Q2_K_BYTES:(i + 1) * Q2_K_BYTES]
+            dw = f16_le(w, 80)
+            dminw = f16_le(w, 82)
+            for j in range(16):
+                b = np.int32(w[j])
+                sc[j] = b & np.int32(15)
+                mins[j] = b >> np.int32(4)
+            _chunk_scales(sv, sc, True)
+            _unpack_2bit(qb, w, 16)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                yd = load_f32(a, yo)
+                bsums_madd8(pm, mins, a, yo + 260)
+                lanes_fma8(ptr_offset(accs, 8 * n), -yd * dminw, pm)
+                acc8_zero(p)
+                _lanes_add(p, p16, qb, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
 @njit(cache=True, error_model="numpy")
@@ -367,19 +476,7 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
         d = _f32(y, 0) * f16_le(w, 108)
         for j in range(16):
             sc[j] = _q3_scale(w, 96, j)
-        for j in range(2):
-            for t in range(32):
-                b = w[32 + 32 * j + t]
-                hm = w[t] >> np.uint8(4 * j)
-                qb[128 * j + t] = b & np.uint8(3)
-                qb[128 * j + 32 + t] = (b >> np.uint8(2)) & np.uint8(3)
-                qb[128 * j + 64 + t] = (b >> np.uint8(4)) & np.uint8(3)
-                qb[128 * j + 96 + t] = b >> np.uint8(6)
-                # 4 where the high bit is clear, else 0
-                qh[128 * j + t] = ((hm & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
-                qh[128 * j + 32 + t] = (((hm >> np.uint8(1)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
-                qh[128 * j + 64 + t] = (((hm >> np.uint8(2)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
-                qh[128 * j + 96 + t] = (((hm >> np.uint8(3)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+        _unpack_q3_K(qb, qh, w)
         for k in range(8):
             p[k] = 0
         for c in range(8):
@@ -387,6 +484,56 @@ def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
             dot32_scaled_add(p, qh, 32 * c, y, 4 + 32 * c, -sc[2 * c], -sc[2 * c + 1])
         lanes_fma8(acc, d, p)
     return hsum_float_8(acc)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _unpack_q3_K(qb, qh, w):
+    """Q3_K block w (its 110 bytes) -> qb[0:256] its low 2 bits and qh[0:256] its "minus 4"
+    (4 where the high bit is clear, else 0), in value order: the value is qb - qh."""
+    _unpack_2bit(qb, w, 32)
+    for j in range(2):
+        for t in range(32):
+            hm = w[t] >> np.uint8(4 * j)
+            qh[128 * j + t] = ((hm & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+            qh[128 * j + 32 + t] = (((hm >> np.uint8(1)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+            qh[128 * j + 64 + t] = (((hm >> np.uint8(2)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+            qh[128 * j + 96 + t] = (((hm >> np.uint8(3)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_q3_K_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_q3_K_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
+    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
+
+    y: float32[N, M]; w_row: uint8[nb*110]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // Q3_K_BYTES
+    rb = a.shape[1]
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
+    qb = carray(stack_u8(256), 256)
+    qh = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for i in range(nb):
+            w = w_row[i * Q3_K_BYTES:(i + 1) * Q3_K_BYTES]
+            dw = f16_le(w, 108)
+            for j in range(16):
+                sc[j] = _q3_scale(w, 96, j)
+            _chunk_scales(sv, sc, True)
+            _unpack_q3_K(qb, qh, w)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                acc8_zero(p)
+                _lanes_diff_add(p, p16, qb, qh, 32, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), load_f32(a, yo) * dw, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
 @njit(cache=True, error_model="numpy")
@@ -432,17 +579,69 @@ def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
             qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
             qc = np.int32(y16[132 + 4 * m]) + np.int32(y16[133 + 4 * m])
             acc[8 + m] = fma32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
-        for j in range(4):
-            for t in range(32):
-                b = w[16 + 32 * j + t]
-                qb[64 * j + t] = b & np.uint8(15)
-                qb[64 * j + 32 + t] = b >> np.uint8(4)
+        _unpack_q4_K(qb, w)
         for k in range(8):
             p[k] = 0
         for c in range(8):
             dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
         lanes_fma8(acc, d, p)
     return hsum_float_8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _unpack_q4_K(qb, w):
+    """qb[0:256] = the 4-bit values of the Q4_K block w (its 144 bytes), in value order."""
+    for j in range(4):
+        for t in range(32):
+            b = w[16 + 32 * j + t]
+            qb[64 * j + t] = b & np.uint8(15)
+            qb[64 * j + 32 + t] = b >> np.uint8(4)
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_q4_K_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_q4_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
+
+    y: float32[N, M]; w_row: uint8[nb*144]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // Q4_K_BYTES
+    rb = a.shape[1]
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    pm = stack_i32(8)
+    sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
+    mins = carray(stack_i32(16), 16)
+    qb = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    accm = stack_f32(256)  # 4 min lanes x ROWS_GROUP rows
+    accm_a = carray(accm, 256)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for k in range(4 * ng):
+            accm_a[k] = np.float32(0.0)
+        for i in range(nb):
+            w = w_row[i * Q4_K_BYTES:(i + 1) * Q4_K_BYTES]
+            dw = f16_le(w, 0)
+            dminw = f16_le(w, 2)
+            _k4_unpack(sc, w, 4)
+            _k4_min_pairs(mins, sc)
+            _chunk_scales(sv, sc, False)
+            _unpack_q4_K(qb, w)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                yd = load_f32(a, yo)
+                # min lane m: mins[2m] * (bs[4m] + bs[4m+1]) + mins[2m+1] * (bs[4m+2] + bs[4m+3])
+                bsums_madd8(pm, mins, a, yo + 260)
+                pairs_fma4(ptr_offset(accm, 4 * n), -yd * dminw, pm)
+                acc8_zero(p)
+                _lanes_add(p, p16, qb, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + (
+                (accm_a[4 * n] + accm_a[4 * n + 2]) + (accm_a[4 * n + 1] + accm_a[4 * n + 3]))
 
 
 @njit(cache=True, error_model="numpy")
@@ -474,18 +673,66 @@ def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
         for c in range(8):
             msum += sc[8 + c] * (np.int32(y16[130 + 2 * c]) + np.int32(y16[131 + 2 * c]))
         summs = fma32(dmin, np.float32(msum), summs)
-        for j in range(4):
-            for t in range(32):
-                b = w[48 + 32 * j + t]
-                h = w[16 + t] >> np.uint8(2 * j)
-                qb[64 * j + t] = (b & np.uint8(15)) | ((h & np.uint8(1)) << np.uint8(4))
-                qb[64 * j + 32 + t] = (b >> np.uint8(4)) | (((h >> np.uint8(1)) & np.uint8(1)) << np.uint8(4))
+        _unpack_q5_K(qb, w)
         for k in range(8):
             p[k] = 0
         for c in range(8):
             dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
         lanes_fma8(acc, d, p)
     return hsum_float_8(acc) + summs
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _unpack_q5_K(qb, w):
+    """qb[0:256] = the 5-bit values of the Q5_K block w (its 176 bytes), in value order."""
+    for j in range(4):
+        for t in range(32):
+            b = w[48 + 32 * j + t]
+            h = w[16 + t] >> np.uint8(2 * j)
+            qb[64 * j + t] = (b & np.uint8(15)) | ((h & np.uint8(1)) << np.uint8(4))
+            qb[64 * j + 32 + t] = (b >> np.uint8(4)) | (((h >> np.uint8(1)) & np.uint8(1)) << np.uint8(4))
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_q5_K_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_q5_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
+
+    y: float32[N, M]; w_row: uint8[nb*176]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // Q5_K_BYTES
+    rb = a.shape[1]
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    pm = stack_i32(8)
+    sc = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
+    mins = carray(stack_i32(16), 16)
+    qb = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    summs = carray(stack_f32(64), 64)  # one per row of the group
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+            summs[n] = np.float32(0.0)
+        for i in range(nb):
+            w = w_row[i * Q5_K_BYTES:(i + 1) * Q5_K_BYTES]
+            dw = f16_le(w, 0)
+            dminw = f16_le(w, 2)
+            _k4_unpack(sc, w, 4)
+            _k4_min_pairs(mins, sc)
+            _chunk_scales(sv, sc, False)
+            _unpack_q5_K(qb, w)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                yd = load_f32(a, yo)
+                bsums_madd8(pm, mins, a, yo + 260)  # msum = the sum of its lanes (exact int32)
+                summs[n] = fma32(-yd * dminw, np.float32(isum8(pm)), summs[n])
+                acc8_zero(p)
+                _lanes_add(p, p16, qb, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
 
 
 @njit(cache=True, error_model="numpy")
@@ -513,15 +760,7 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
         d = _f32(y, 0) * f16_le(w, 208)
         for j in range(16):
             sc[j] = np.int32(np.int8(w[192 + j]))
-        for j in range(2):
-            for t in range(32):
-                a = w[64 * j + t]
-                b = w[64 * j + 32 + t]
-                h = w[128 + 32 * j + t]
-                qb[128 * j + t] = (a & np.uint8(15)) | ((h & np.uint8(3)) << np.uint8(4))
-                qb[128 * j + 32 + t] = (b & np.uint8(15)) | (((h >> np.uint8(2)) & np.uint8(3)) << np.uint8(4))
-                qb[128 * j + 64 + t] = (a >> np.uint8(4)) | (((h >> np.uint8(4)) & np.uint8(3)) << np.uint8(4))
-                qb[128 * j + 96 + t] = (b >> np.uint8(4)) | ((h >> np.uint8(6)) << np.uint8(4))
+        _unpack_q6_K(qb, w)
         for k in range(8):
             # the -32 offset of lane k: sub-blocks 2k, 2k+1 (ggml's q8sclsub), exact int32
             p[k] = -((sc[2 * k] * np.int32(y16[130 + 2 * k])
@@ -532,8 +771,59 @@ def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
     return hsum_float_8(acc)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _unpack_q6_K(qb, w):
+    """qb[0:256] = the unsigned 6-bit values (0..63) of the Q6_K block w (its 210 bytes)."""
+    for j in range(2):
+        for t in range(32):
+            a = w[64 * j + t]
+            b = w[64 * j + 32 + t]
+            h = w[128 + 32 * j + t]
+            qb[128 * j + t] = (a & np.uint8(15)) | ((h & np.uint8(3)) << np.uint8(4))
+            qb[128 * j + 32 + t] = (b & np.uint8(15)) | (((h >> np.uint8(2)) & np.uint8(3)) << np.uint8(4))
+            qb[128 * j + 64 + t] = (a >> np.uint8(4)) | (((h >> np.uint8(4)) & np.uint8(3)) << np.uint8(4))
+            qb[128 * j + 96 + t] = (b >> np.uint8(4)) | ((h >> np.uint8(6)) << np.uint8(4))
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_q6_K_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_q6_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
+
+    y: float32[N, M]; w_row: uint8[nb*210]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // Q6_K_BYTES
+    rb = a.shape[1]
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    sc = carray(stack_i32(16), 16)
+    sc32 = carray(stack_i32(16), 16)
+    sv = carray(stack_i32(64), 64)
+    qb = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for i in range(nb):
+            w = w_row[i * Q6_K_BYTES:(i + 1) * Q6_K_BYTES]
+            dw = f16_le(w, 208)
+            for j in range(16):
+                sc[j] = np.int32(np.int8(w[192 + j]))
+                sc32[j] = sc[j] * np.int32(-32)  # -((s0*b0 + s1*b1) << 5) == (-32*s0)*b0 + (-32*s1)*b1 (int32)
+            _chunk_scales(sv, sc, True)
+            _unpack_q6_K(qb, w)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                d = load_f32(a, yo) * dw
+                bsums_madd8(p, sc32, a, yo + 260)  # the -32 offset of each lane (vec_dot's p init)
+                _lanes_add(p, p16, qb, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), d, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
+
+
 # the IQ4 weights are looked up as kvalues_iq4nl + 128 (unsigned bytes for the 4-value dots)
-_U8_128 = np.full(32, 128, np.uint8)
+_U8_128 = np.full(64, 128, np.uint8)  # (64: two chunks for dot64_diff_scaled_add)
 
 
 @njit(cache=True, error_model="numpy")
@@ -567,3 +857,41 @@ def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
             dot32_scaled_add(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)
         lanes_fma8(acc, d, p)
     return hsum_float_8(acc)
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
+    """y[n, m] = vec_dot_iq4_xs_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
+    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
+
+    y: float32[N, M]; w_row: uint8[nb*136]; a: uint8[N, nb*292] (C-contiguous).
+    """
+    nb = w_row.size // IQ4_XS_BYTES
+    rb = a.shape[1]
+    c128 = _U8_128
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    ls = carray(stack_i32(8), 8)
+    sv = carray(stack_i32(64), 64)
+    qb = carray(stack_u8(256), 256)
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+        for i in range(nb):
+            w = w_row[i * IQ4_XS_BYTES:(i + 1) * IQ4_XS_BYTES]
+            dw = f16_le(w, 0)
+            sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
+            for ib in range(8):
+                iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
+                ls[ib] = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
+                          | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+            _chunk_scales(sv, ls, False)
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                acc8_zero(p)
+                _lanes_diff_add(p, p16, qb, c128, 0, a, yo, sv)
+                lanes_fma8(ptr_offset(accs, 8 * n), dw * load_f32(a, yo), p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))

@@ -43,11 +43,12 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, acc8_add, acc8_hsum,  # noqa: F401
+from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_hsum,  # noqa: F401
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
-                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot,
-                     make_block_dequant, make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32, u32_as_f32)  # (F401: some are used by the generated code only)
+                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
+                     make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32,
+                     u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,8 +287,6 @@ def vec_dot4_{w}_{a}(y, m, w, a_row):
     y[m + 2] = acc16_hsum(p23, 0)  #-
     y[m + 3] = acc16_hsum(p23, 1)  #-
 '''
-
-ROWS_GROUP = 64  # activation rows per pass of rows_dot (stack: 64 x 8 float32 per accumulator set)
 
 
 def _define(template, fmt):

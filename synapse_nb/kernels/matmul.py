@@ -20,7 +20,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   freely (e.g. the row's int32 products in scratch[:K], float32 views of other parts), it holds
   no state between calls. All slices passed in are C-contiguous 1-D.
   K-quants (kquants.py): ``vec_dot_q2_K_q8_K`` ... ``vec_dot_q6_K_q8_K``, ``vec_dot_iq4_xs_q8_K``
-  with the scratch argument above, ``dequantize_row_q2_K`` ... ``dequantize_row_iq4_xs``, and
+  with the scratch argument above, their ``rows_dot_*_q8_K`` twins, ``dequantize_row_q2_K`` ...
+  ``dequantize_row_iq4_xs``, and
   ``quantize_row_q8_K(out, x)`` (292 bytes per 256 values: f32 d, int8 qs[256], int16 bsums[16]).
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
   unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
@@ -30,16 +31,19 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Caching: a driver inlines row functions from other files; kernels/_cache.py makes every cached
   kernel of the package depend on all of synapse_nb/kernels/*.py, so an edit anywhere recompiles.
-* Legacy quant formats with N > 1 go through ``rows_dot_T(y, m, w_row, a)`` (legacy.py): all
-  activation rows against one weight row, blocks outer and rows inner so a weight block is decoded
-  once for up to 64 rows; per output the operations and their order are exactly vec_dot_T's, which
-  N == 1 uses (matmul rows == matvec is tested bitwise for N in 1, 7, 64, 130).
-  Any format may offer one (formats.BlockFormat.rows_dot_name); its driver then calls it for
-  N > 1 instead of the per-pair loop.
+* Every quantized format (legacy.py and kquants.py) with N > 1 goes through
+  ``rows_dot_T(y, m, w_row, a)``: all activation rows (uint8 [N, act_row_bytes], C-contiguous)
+  against one weight row, blocks outer and rows inner so a weight block (a K-quant's 256 values,
+  its scales and mins) is decoded once for up to 64 rows (common.ROWS_GROUP); per output the
+  operations and their order are exactly vec_dot_T's, which N == 1 uses (matmul rows == matvec
+  is tested bitwise for N in 1, 2, 7, 64, 130). Any format may offer one
+  (formats.BlockFormat.rows_dot_name); its driver then calls it for N > 1 instead of the
+  per-pair loop.
 * Several weight rows per call, found by name like rows_dot: ``vec_dot4_T(y1, m, w, a_row)``
   (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot4_T(y, m, w, a)`` (y[:, m + r]
   for r < 4, all activation rows: N > 1), again with vec_dot_T's operations per output; the
-  driver takes them for whole groups of rows in a chunk and the single-row functions for the rest.
+  driver takes them for whole groups of rows in a chunk and the single-row functions for the rest
+  (the template formats of legacy.py have both).
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
