@@ -161,10 +161,12 @@ def test_dot_matches_numpy_reference(name, k):
     rows = w.data.reshape(24, -1)
     ref = np.array([[fmt.vec_dot(rows[m], a[n]) for m in range(24)] for n in range(len(x))], np.float32)
     assert same_bits(y, ref)
-    # one row at a time, 22 weight rows (a 16-row chunk, then 4 + 2: vec_dot4's remainder path)
+    # 22 weight rows (a 16-row chunk, then 4 + 2: the remainder paths of the multi-row kernels),
+    # one activation row at a time and all at once
+    w22 = T(w.name, w.ggml_type, (22, k), rows[:22].reshape(-1))
     for n in range(len(x)):
-        w22 = T(w.name, w.ggml_type, (22, k), rows[:22].reshape(-1))
         assert same_bits(matvec(w22, x[n]), ref[n, :22]), n
+    assert same_bits(matmul(w22, x), ref[:, :22])
 
 
 # --- dequantize / get_rows -------------------------------------------------------------------

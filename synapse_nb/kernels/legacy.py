@@ -27,7 +27,7 @@ weight rows per format) is reproduced bit for bit.
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
 row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT, _VEC_DOT4,
-_ROWS_DOT4) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
+_ROWS_DOT4, _ROWS_DOT8) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
 built in common.py from the format's IR decoder (_decode_T one block, _decode2_T two blocks).
 
 Several weight rows at once, each output still computed by vec_dot's operations in vec_dot's order:
@@ -37,6 +37,8 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     and overlap four accumulator chains, and prefetch the rows ahead (make_block4_dot).
   * rows_dot4_T(y, m, w, a): y[:, m..m+3] for all activation rows (prefill): vec_dot4's block
     operation for each activation row, the weight side of a block computed once for all of them.
+    rows_dot8_T does eight weight rows, two block operations per activation row sharing its loads
+    and conversions (Q5_0 matmul 1.12-1.17x over rows_dot4, 1 thread, same-minute pairs).
 """
 
 import numpy as np
@@ -256,11 +258,41 @@ def rows_dot4_{w}_{a}(y, m, w, a):
         for b in range(nb):
             for n in range(ng):
                 _blk4m_{w}(ptr_offset(accs, 32 * n), ptr_offset(accs, 32 * n + 16), ptr_offset(sums, 8 * n),
-                          w0, w1, w2, w3, b * {WB}, a[g + n], b * {AB})
+                           w0, w1, w2, w3, b * {WB}, a[g + n], b * {AB})
         for n in range(ng):
             for r in range(4):
                 y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2) + acc8_lane(ptr_offset(sums, 8 * n), 2 * r + 1)  #M
                 y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2)  #-
+'''
+
+_ROWS_DOT8 = '''
+@njit(cache=True, error_model="numpy")
+def rows_dot8_{w}_{a}(y, m, w, a):
+    """rows_dot4_{w}_{a} for eight weight rows m .. m + 7: two block operations per activation row
+    and block, which share the activation's loads and conversions (bit for bit the same outputs)."""
+    nb = w.shape[1] // {WB}
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    w4, w5, w6, w7 = w[m + 4], w[m + 5], w[m + 6], w[m + 7]
+    accs = stack_f32(4096)
+    sums = stack_f32(1024)
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            for q in range(4):
+                acc16_zero(ptr_offset(accs, 64 * n + 16 * q))
+            acc8_zero(ptr_offset(sums, 16 * n))
+            acc8_zero(ptr_offset(sums, 16 * n + 8))
+        for b in range(nb):
+            for n in range(ng):
+                an = a[g + n]
+                pa = ptr_offset(accs, 64 * n)
+                ps = ptr_offset(sums, 16 * n)
+                _blk4m_{w}(pa, ptr_offset(pa, 16), ps, w0, w1, w2, w3, b * {WB}, an, b * {AB})
+                _blk4m_{w}(ptr_offset(pa, 32), ptr_offset(pa, 48), ptr_offset(ps, 8), w4, w5, w6, w7, b * {WB}, an, b * {AB})
+        for n in range(ng):
+            for r in range(8):
+                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 64 * n + 16 * (r // 2)), r % 2) + acc8_lane(ptr_offset(sums, 16 * n + 8 * (r // 4)), 2 * (r % 4) + 1)  #M
+                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 64 * n + 16 * (r // 2)), r % 2)  #-
 '''
 
 
@@ -311,6 +343,7 @@ for _fmt in _BLOCK_FORMATS:
         _define(_ROWS_DOT, _fmt)
         _define(_VEC_DOT4, _fmt)
         _define(_ROWS_DOT4, _fmt)
+        _define(_ROWS_DOT8, _fmt)
 
 
 @njit(cache=True, error_model="numpy")

@@ -115,6 +115,16 @@ _MM_PAIRS = """            for m in range(m0, m1):
 _MM_ROWS = """            for m in range(m0, m1):
                 {mod}.{rows}(y, m, w[m], a)
 """
+_MM_ROWS8 = """            m = m0
+            while m + 8 <= m1:
+                {mod}.{rows8}(y, m, w, a)
+                m += 8
+            while m + 4 <= m1:
+                {mod}.{rows4}(y, m, w, a)
+                m += 4
+            for r in range(m, m1):
+                {mod}.{rows}(y, r, w[r], a)
+"""
 _MM_ROWS4 = """            m = m0
             while m + 4 <= m1:
                 {mod}.{rows4}(y, m, w, a)
@@ -155,9 +165,11 @@ def _build_tables():
         names = dict(mod=mod, dot=fmt.vec_dot_name(), rows=rows, dot4=fmt.vec_dot4_name())
         one = _MM_ONE_DOT4 if hasattr(mods[mod], names["dot4"]) else _MM_ONE_PAIRS
         names["rows4"] = rows.replace("rows_dot_", "rows_dot4_", 1)
+        names["rows8"] = rows.replace("rows_dot_", "rows_dot8_", 1)
         many = _MM_PAIRS
         if hasattr(mods[mod], rows):
-            many = _MM_ROWS4 if hasattr(mods[mod], names["rows4"]) else _MM_ROWS
+            many = next((t for t, f in ((_MM_ROWS8, "rows8"), (_MM_ROWS4, "rows4")) if hasattr(mods[mod], names[f])),
+                        _MM_ROWS)
         _define(_MM.format(name=f"_mm_{fmt.stem}", one=one.format(**names), many=many.format(**names)))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
