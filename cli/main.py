@@ -235,10 +235,12 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_ctx = session.n_ctx
     if n_ctx > hp.n_ctx_train:
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
-    from synapse_nb.sampling import sampler_from_options
+    sampler = None
+    if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
+        from synapse_nb.sampling import sampler_from_options
 
-    sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
-                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+        sampler = sampler_from_options(sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
+                                       has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
     if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
         _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False

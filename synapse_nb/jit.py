@@ -9,7 +9,8 @@ fast_start: what llama-decode's process sets up before its first kernel so that 
 (every kernel in Numba's cache) does only what loading needs. Numba prepares every process
 for compiling, cache hit or not; each part below skips one such step, measured on a warm
 1-token SmolLM2 run (2 cores, numba 0.68.1):
-  * SciPy's BLAS, imported by numba.np.arraymath (import_numba_without_blas): 0.3 s;
+  * PyYAML, imported by Numba's config for a .numba_config.yaml (_import_numba_lean): 17 ms;
+  * SciPy's BLAS, imported by numba.np.arraymath (_registries_without_blas): 0.3 s;
   * the registry refresh before a cache load (_light_cache_loads): Numba imports and installs
     every typing template and lowering of NumPy and Python (0.06 s, 10 MiB) although a cached
     kernel is object code that needs none of them. For synapse_nb's kernels a cache load only
@@ -37,27 +38,55 @@ import sys
 from contextlib import contextmanager
 
 
-def import_numba_without_blas() -> None:
-    """Import Numba's NumPy implementation layer with SciPy hidden, for a process that never
-    asks Numba for BLAS (no kernel of synapse_nb uses np.dot / np.linalg).
+@contextmanager
+def _hidden(*modules):
+    """Within the block, `import M` raises ImportError for each M of modules not yet imported."""
+    hide = [m for m in modules if m not in sys.modules]
+    for m in hide:
+        sys.modules[m] = None
+    try:
+        yield
+    finally:
+        for m in hide:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
+
+
+def _import_numba_lean() -> None:
+    """Import Numba without PyYAML, unless a .numba_config.yaml (the one file Numba would read
+    with it, in the current directory) exists: numba.core.config imports yaml for it (17 ms)."""
+    if "numba" in sys.modules:
+        return
+    with _hidden(*(() if os.path.exists(".numba_config.yaml") else ("yaml",))):
+        import numba  # noqa: F401
+
+
+def _registries_without_blas() -> None:
+    """Numba's NumPy implementation layer imported with SciPy's BLAS hidden, for a process that
+    never asks Numba for BLAS (no kernel of synapse_nb uses np.dot / np.linalg).
 
     numba.np.arraymath imports scipy.linalg.cython_blas when SciPy is installed, only to offer
-    np.dot and np.linalg in jitted code; Numba imports that module on its first compile or cache
-    load, and SciPy's import costs 0.3-0.4 s of a 1 s warm start here. scipy.linalg is hidden only
-    while that module imports: a later `import scipy` in the process works as usual (Numba's
-    own np.dot stays unavailable in it). Does nothing when SciPy or that module is already
-    imported. Meant for the llama-decode process, not for library users' processes.
+    np.dot and np.linalg in jitted code; Numba imports that module with its registries (before
+    the first compile, and before a cache load that is not one of ours, see _light_cache_loads),
+    and SciPy's import costs 0.3-0.4 s. scipy.linalg is hidden only while the registries load,
+    and only if numba.np.arraymath is not imported yet: a later `import scipy.linalg` works as
+    usual (Numba's own np.dot stays unavailable in this process). A warm start loads no registry
+    and imports none of it (55 ms).
     """
-    # Numba's own import already imports the bare scipy package (a version check, 10 ms); what
-    # costs is scipy.linalg, so that is what is hidden.
-    if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
+    from numba.core import cpu
+
+    numba_load = cpu.CPUContext.load_additional_registries
+    if getattr(numba_load, "_synapse_nb", False):
         return
-    sys.modules["scipy.linalg"] = None  # makes `import scipy.linalg...` raise ImportError
-    try:
-        import numba.np.arraymath  # noqa: F401
-    finally:
-        if "scipy.linalg" in sys.modules and sys.modules["scipy.linalg"] is None:
-            del sys.modules["scipy.linalg"]
+
+    def load_additional_registries(self):
+        # Numba's own import already imports the bare scipy package (a version check, 10 ms);
+        # what costs is scipy.linalg, so that is what is hidden.
+        with _hidden(*(() if "numba.np.arraymath" in sys.modules else ("scipy.linalg",))):
+            return numba_load(self)
+
+    load_additional_registries._synapse_nb = True
+    cpu.CPUContext.load_additional_registries = load_additional_registries
 
 
 def fast_start() -> None:
@@ -66,7 +95,8 @@ def fast_start() -> None:
     Call before the first kernel is loaded. Meant for the llama-decode process (and its batch
     workers), not for library users' processes: it patches Numba's process-wide behaviour.
     """
-    import_numba_without_blas()
+    _import_numba_lean()
+    _registries_without_blas()
     _no_extension_entry_points()
     _typeof_without_numpy_ma()
     _light_cache_loads()
