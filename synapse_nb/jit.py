@@ -20,6 +20,8 @@ for compiling, cache hit or not; each part below skips one such step, measured o
     process (_cached_nrt_module): the compile is cheap but it is the only LLVM code generation
     of a warm start, and running LLVM's back end maps 20 MiB more of libllvmlite; the object
     code is kept beside the kernels' cache instead;
+  * numba.np.arrayobj and Numba's string support, imported when a cached kernel's environment
+    refers to Numba's implementation of np.empty (_environments_without_imports): 37 ms, 4 MiB;
   * numpy.ma, imported by Numba's typeof of the first array argument only to reject masked
     arrays (_typeof_without_numpy_ma): 0.05 s; no masked array can exist before numpy.ma is
     imported;
@@ -168,11 +170,16 @@ def _light_cache_loads() -> None:
             return numba_load(self, sig, target_context)
         from numba.core.runtime import rtsys
 
+        global _LOADING
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():  # as Numba's _load_overload
             if not self._enabled:
                 return None
-            data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            _LOADING = True
+            try:
+                data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            finally:
+                _LOADING = False
             if data is None:
                 return None
             if _holds(data, b"_numba_hashsecret_"):
@@ -190,6 +197,41 @@ def _light_cache_loads() -> None:
     load_overload._synapse_nb = True
     caching.Cache.load_overload = load_overload
     _lazy_bitcode()
+    _environments_without_imports()
+
+
+_LOADING = False  # a cache entry of ours is being unpickled (under Numba's compiler lock)
+
+
+def _environments_without_imports() -> None:
+    """A cached kernel's environments of Numba's own implementations, without importing their module.
+
+    A kernel that allocates (np.empty, np.full) refers to the environment (globals and constants
+    for Python objects) of Numba's implementation of that function, and unpickling it imports
+    the module holding the implementation to take its globals: numba.np.arrayobj, which imports
+    Numba's string support (37 ms, 4 MiB). Nopython code reads only the constants of an
+    environment (the globals serve object mode, which no kernel uses), so while one of our cache
+    entries loads, the environment of a Numba module not imported yet gets a globals dict holding
+    its name only (as pickled). Everything else is Numba's _rebuild_env.
+    """
+    from numba.core import environment
+
+    numba_rebuild = environment._rebuild_env
+    if getattr(numba_rebuild, "_synapse_nb", False):
+        return
+
+    def _rebuild_env(modname, consts, env_name):
+        if not (_LOADING and isinstance(modname, str) and modname.startswith("numba.")
+                and modname not in sys.modules) or environment.lookup_environment(env_name) is not None:
+            return numba_rebuild(modname, consts, env_name)
+        env = environment.Environment({"__name__": modname})
+        env.consts[:] = consts
+        env.env_name = env_name
+        environment.Environment._memo[env_name] = env
+        return env
+
+    _rebuild_env._synapse_nb = True
+    environment._rebuild_env = _rebuild_env
 
 
 # Set by a cache load of ours around Numba's rebuild (under Numba's compiler lock): the symbols
@@ -305,7 +347,12 @@ def _cached_nrt_module() -> None:
             with open(path, "rb") as f:
                 state = pickle.load(f)
             if isinstance(state, tuple) and len(state) == 3 and state[:2] == ("nrt", "object"):
-                return codegen.unserialize_library(state)
+                global _LAZY_NAMES
+                _LAZY_NAMES = ()  # its bitcode parsed only if a compilation links it in (3 MiB)
+                try:
+                    return codegen.unserialize_library(state)
+                finally:
+                    _LAZY_NAMES = None
         except Exception:
             pass  # missing or unreadable: compile and save it again
         ir_mod, library = nrtdynmod.create_nrt_module(ctx)
