@@ -94,8 +94,9 @@ def _registries_without_blas() -> None:
 def fast_start() -> None:
     """Set up this process for a quick warm start (see the module docstring); idempotent.
 
-    Call before the first kernel is loaded. Meant for the llama-decode process (and its batch
-    workers), not for library users' processes: it patches Numba's process-wide behaviour.
+    Call before Numba is imported (else PyYAML is imported as usual) and before the first kernel
+    loads. Meant for the llama-decode process, not for library users' processes: it patches
+    Numba's process-wide behaviour.
     """
     _import_numba_lean()
     _registries_without_blas()

@@ -324,10 +324,9 @@ def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: 
         n_decode = min(n_decode, max(0, n_predict - 1))
     batched = min(n_prompt, n_batch) > 1
     single = n_prompt - last == 1 or n_decode > 0
-    rows = []  # (n rows, pos0) of the largest attention calls
-    if hp.n_layer > 1:  # every layer but the last attends all rows of a batch
-        rows += [(n_prompt - last, last), (min(n_batch, n_prompt), max(0, last - n_batch))]
-    rows.append((1, n_prompt - 1))  # the last layer of the last batch: its last row only
+    # (n rows, pos0) of the largest attention calls: every layer but the last attends all rows of
+    # a batch (the last one too with all_logits), the last layer of the last batch its last row
+    rows = [(n_prompt - last, last), (min(n_batch, n_prompt), max(0, last - n_batch)), (1, n_prompt - 1)]
     if n_decode:
         rows.append((1, n_prompt + n_decode - 1))
     par_attn = any(_attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v) for n, p in rows)
