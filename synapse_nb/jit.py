@@ -99,11 +99,12 @@ def fast_start() -> None:
     Numba's process-wide behaviour.
     """
     _import_numba_lean()
-    _registries_without_blas()
-    _no_extension_entry_points()
-    _typeof_without_numpy_ma()
-    _light_cache_loads()
-    _cached_nrt_module()
+    for step in (_registries_without_blas, _no_extension_entry_points, _typeof_without_numpy_ma,
+                 _light_cache_loads, _cached_nrt_module):
+        try:
+            step()
+        except (AttributeError, ImportError, KeyError, TypeError):
+            pass  # a Numba without the internals a step relies on (tested with 0.68): its own behaviour
 
 
 def _no_extension_entry_points() -> None:
