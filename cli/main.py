@@ -171,10 +171,10 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     import numpy as np
 
     from synapse_nb import SynapseError
-    from synapse_nb.jit import import_numba_without_blas
+    from synapse_nb.jit import fast_start
     from synapse_nb.models import resolve_model
 
-    import_numba_without_blas()  # before the first kernel: saves SciPy's import (0.3 s)
+    fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
     from synapse_nb.model import load_model
     from synapse_nb.session import Session, check_token_ids, default_n_ctx, warmup as session_warmup
 
@@ -235,17 +235,23 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_ctx = session.n_ctx
     if n_ctx > hp.n_ctx_train:
         _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
-    from synapse_nb.sampling import sampler_from_options
+    sampler = None
+    if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
+        from synapse_nb.sampling import sampler_from_options
 
-    sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
-                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+        sampler = sampler_from_options(sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
+                                       has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
     if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
         _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False
 
     t_c = time.perf_counter()
     with _Compiling(verbose) as progress:
-        session_warmup(model, progress=progress)
+        if prefill_check:  # batched and token by token
+            session_warmup(model, progress=progress)
+        else:  # the kernels of this prompt and generation only
+            session_warmup(model, progress=progress, n_prompt=len(prompt_ids), n_predict=n_predict,
+                           n_batch=session.n_batch, n_ctx=n_ctx)
         if sampler is not None:
             from synapse_nb.sampling import warmup as _sampling_warmup
 

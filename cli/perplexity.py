@@ -18,6 +18,9 @@ import click
 def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_divergence, tokens,
         as_json, verbose) -> int:
     """Run the perplexity tool; returns the exit status. Raises SynapseError / click errors on bad input."""
+    from synapse_nb.jit import fast_start
+
+    fast_start()  # before Numba loads (synapse_nb.jit)
     from synapse_nb import SynapseError
     from synapse_nb import perplexity as P
     from synapse_nb.model import load_model

@@ -3,6 +3,7 @@
 Modules, one concern each:
   errors      SynapseError, the one exception class users see
   gguf_file   memory-mapped GGUF reader (header, key/values, tensor table)
+  gguf_spec   the GGUF format's constants (ggml types, value types, keys), as gguf-py's
   hparams     HParams, a frozen dataclass read from GGUF keys
   models      models.txt: the real models we test on, and fetching them
   formats     ggml block formats: layouts and NumPy references
@@ -13,6 +14,7 @@ Modules, one concern each:
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
   chat        chat templates rendered as llama.cpp, conversations on one KV cache
   perplexity  perplexity and KL divergence as llama-perplexity computes them
+  jit         Numba process setup: the compile notice's watch, llama-decode's fast_start
 """
 
 from .errors import SynapseError

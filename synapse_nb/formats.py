@@ -32,7 +32,7 @@ The contracts of these functions are in synapse_nb/kernels/matmul.py.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType as GT
+from .gguf_spec import GGMLQuantizationType as GT
 
 _REGISTRY: dict[int, "BlockFormat"] = {}
 _BY_NAME: dict[str, "BlockFormat"] = {}

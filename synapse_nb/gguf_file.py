@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import (
+from .gguf_spec import (
     GGML_QUANT_SIZES,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
@@ -83,7 +83,7 @@ class TensorInfo:
     """One entry of the tensor table, with its bytes in the memory map.
 
     name: GGUF tensor name, e.g. "blk.0.attn_q.weight".
-    ggml_type: gguf.GGMLQuantizationType (F32, Q4_K, ...).
+    ggml_type: gguf_spec.GGMLQuantizationType (F32, Q4_K, ...; gguf-py's names and values).
     shape: numpy order, outermost first: a weight is (n_out, n_in), i.e. the
         GGUF `ne` reversed; shape[-1] is the row length in elements.
     offset: absolute byte offset of the data in the file.

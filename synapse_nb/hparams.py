@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFValueType as VT
-from gguf import Keys
+from .gguf_spec import GGUFValueType as VT
+from .gguf_spec import Keys
 
 from .errors import SynapseError
 from .formats import weight_formats

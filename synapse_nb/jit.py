@@ -1,38 +1,377 @@
-"""Numba process setup: seeing what compiles, and a faster first kernel for a command-line run.
+"""Numba process setup: seeing what compiles, and a quick start for a command-line run.
 
 watch_compiles: Numba fires its "numba:compile" event only when it compiles a function; a signature loaded
 from the on-disk cache fires none. So a warm start, whose kernels all come from the cache,
 reports nothing, and the CLI's "compiling kernels" notice appears only when something is
 actually compiled.
+
+fast_start: what llama-decode's process sets up before its first kernel so that a warm start
+(every kernel in Numba's cache) does only what loading needs. Numba prepares every process
+for compiling, cache hit or not; each part below skips one such step, measured on a warm
+1-token SmolLM2 run (2 cores, numba 0.68.1):
+  * PyYAML, imported by Numba's config for a .numba_config.yaml (_import_numba_lean): 17 ms;
+  * SciPy's BLAS, imported by numba.np.arraymath (_registries_without_blas): 0.3 s;
+  * the registry refresh before a cache load (_light_cache_loads): Numba imports and installs
+    every typing template and lowering of NumPy and Python (0.06 s, 10 MiB) although a cached
+    kernel is object code that needs none of them. For synapse_nb's kernels a cache load only
+    starts Numba's runtime (NRT); a compilation still refreshes everything first (Numba's
+    compiler does it itself), so a cache miss compiles exactly as before;
+  * NRT's own functions (atomic incref / decref), which Numba compiles with LLVM in every
+    process (_cached_nrt_module): the compile is cheap but it is the only LLVM code generation
+    of a warm start, and running LLVM's back end maps 20 MiB more of libllvmlite; the object
+    code is kept beside the kernels' cache instead;
+  * numba.np.arrayobj and Numba's string support, imported when a cached kernel's environment
+    refers to Numba's implementation of np.empty (_environments_without_imports): 37 ms, 4 MiB;
+  * numpy.ma, imported by Numba's typeof of the first array argument only to reject masked
+    arrays (_typeof_without_numpy_ma): 0.05 s; no masked array can exist before numpy.ma is
+    imported;
+  * Numba's scan of every installed distribution for numba_extensions entry points
+    (_no_extension_entry_points): 0.02 s; no kernel of synapse_nb uses an extension.
+All of it changes nothing a kernel computes (the same cached object code runs) and applies to
+this process only; library users' processes keep Numba's behaviour.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
 import sys
 from contextlib import contextmanager
 
 
-def import_numba_without_blas() -> None:
-    """Import Numba's NumPy implementation layer with SciPy hidden, for a process that never
-    asks Numba for BLAS (no kernel of synapse_nb uses np.dot / np.linalg).
+@contextmanager
+def _hidden(*modules):
+    """Within the block, `import M` raises ImportError for each M of modules not yet imported."""
+    hide = [m for m in modules if m not in sys.modules]
+    for m in hide:
+        sys.modules[m] = None
+    try:
+        yield
+    finally:
+        for m in hide:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
+
+
+def _import_numba_lean() -> None:
+    """Import Numba without PyYAML, unless a .numba_config.yaml (the one file Numba would read
+    with it, in the current directory) exists: numba.core.config imports yaml for it (17 ms)."""
+    if "numba" in sys.modules:
+        return
+    with _hidden(*(() if os.path.exists(".numba_config.yaml") else ("yaml",))):
+        import numba  # noqa: F401
+
+
+def _registries_without_blas() -> None:
+    """Numba's NumPy implementation layer imported with SciPy's BLAS hidden, for a process that
+    never asks Numba for BLAS (no kernel of synapse_nb uses np.dot / np.linalg).
 
     numba.np.arraymath imports scipy.linalg.cython_blas when SciPy is installed, only to offer
-    np.dot and np.linalg in jitted code; Numba imports that module on its first compile or cache
-    load, and SciPy's import costs 0.3-0.4 s of a 1 s warm start here. scipy.linalg is hidden only
-    while that module imports: a later `import scipy` in the process works as usual (Numba's
-    own np.dot stays unavailable in it). Does nothing when SciPy or that module is already
-    imported. Meant for the llama-decode process, not for library users' processes.
+    np.dot and np.linalg in jitted code; Numba imports that module with its registries (before
+    the first compile, and before a cache load that is not one of ours, see _light_cache_loads),
+    and SciPy's import costs 0.3-0.4 s. scipy.linalg is hidden only while the registries load,
+    and only if numba.np.arraymath is not imported yet: a later `import scipy.linalg` works as
+    usual (Numba's own np.dot stays unavailable in this process). A warm start loads no registry
+    and imports none of it (55 ms).
     """
-    # Numba's own import already imports the bare scipy package (a version check, 10 ms); what
-    # costs is scipy.linalg, so that is what is hidden.
-    if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
+    from numba.core import cpu
+
+    numba_load = cpu.CPUContext.load_additional_registries
+    if getattr(numba_load, "_synapse_nb", False):
         return
-    sys.modules["scipy.linalg"] = None  # makes `import scipy.linalg...` raise ImportError
-    try:
-        import numba.np.arraymath  # noqa: F401
-    finally:
-        if "scipy.linalg" in sys.modules and sys.modules["scipy.linalg"] is None:
-            del sys.modules["scipy.linalg"]
+
+    def load_additional_registries(self):
+        # Numba's own import already imports the bare scipy package (a version check, 10 ms);
+        # what costs is scipy.linalg, so that is what is hidden.
+        with _hidden(*(() if "numba.np.arraymath" in sys.modules else ("scipy.linalg",))):
+            return numba_load(self)
+
+    load_additional_registries._synapse_nb = True
+    cpu.CPUContext.load_additional_registries = load_additional_registries
+
+
+def fast_start() -> None:
+    """Set up this process for a quick warm start (see the module docstring); idempotent.
+
+    Call before Numba is imported (else PyYAML is imported as usual) and before the first kernel
+    loads. Meant for the llama-decode process, not for library users' processes: it patches
+    Numba's process-wide behaviour.
+    """
+    _import_numba_lean()
+    for step in (_registries_without_blas, _no_extension_entry_points, _typeof_without_numpy_ma,
+                 _light_cache_loads, _cached_nrt_module):
+        try:
+            step()
+        except (AttributeError, ImportError, KeyError, TypeError):
+            pass  # a Numba without the internals a step relies on (tested with 0.68): its own behaviour
+
+
+def _no_extension_entry_points() -> None:
+    # Numba loads its third-party extensions (entry points of group numba_extensions) on a
+    # dispatcher's first call by scanning the metadata of every installed distribution.
+    from numba.core import entrypoints
+
+    entrypoints._already_initialized = True
+
+
+def _typeof_without_numpy_ma() -> None:
+    """Numba's typeof of an ndarray, without importing numpy.ma while no masked array can exist."""
+    import numpy as np
+    from numba.core.typing import typeof as _typeof
+
+    numba_impl = _typeof.typeof_impl.dispatch(np.ndarray)
+    if getattr(numba_impl, "_synapse_nb", False):
+        return
+
+    def typeof_ndarray(val, c):
+        if "numpy.ma" in sys.modules:  # masked arrays may exist: Numba's own check
+            return numba_impl(val, c)
+        # numba.core.typing.typeof._typeof_ndarray without the isinstance(val, np.ma.MaskedArray)
+        try:
+            dtype = _typeof.numpy_support.from_dtype(val.dtype)
+        except _typeof.errors.NumbaNotImplementedError:
+            raise _typeof.errors.NumbaValueError(f"Unsupported array dtype: {val.dtype}")
+        layout = _typeof.numpy_support.map_layout(val)
+        return _typeof.types.Array(dtype, val.ndim, layout, readonly=not val.flags.writeable)
+
+    typeof_ndarray._synapse_nb = True
+    _typeof.typeof_impl.register(np.ndarray)(typeof_ndarray)
+
+
+def _ours(py_func) -> bool:
+    return getattr(py_func, "__module__", "").startswith("synapse_nb.")
+
+
+def _holds(obj, needle: bytes) -> bool:
+    """True when a bytes object anywhere in the nested tuples/lists obj contains needle."""
+    if isinstance(obj, (bytes, bytearray)):
+        return needle in obj
+    if isinstance(obj, (tuple, list)):
+        return any(_holds(x, needle) for x in obj)
+    return False
+
+
+def _light_cache_loads() -> None:
+    """A cache load of a synapse_nb kernel skips Numba's registry refresh (see the module docstring).
+
+    Numba's Cache.load_overload refreshes the target context before it loads: that installs the
+    typing and lowering registries (needed to compile, not to load object code) and starts NRT
+    (needed: the kernels call NRT_* functions). For our kernels only NRT is started; the symbols
+    a registry module adds when imported are Numba's string-hash secrets (numba.cpython.hashing),
+    imported first if the cached code refers to them. Other functions load as Numba loads them.
+    """
+    from numba.core import caching
+
+    numba_load = caching.Cache.load_overload
+    if getattr(numba_load, "_synapse_nb", False):
+        return
+
+    def load_overload(self, sig, target_context):
+        if not _ours(getattr(self, "_py_func", None)):
+            return numba_load(self, sig, target_context)
+        from numba.core.runtime import rtsys
+
+        global _LOADING
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():  # as Numba's _load_overload
+            if not self._enabled:
+                return None
+            _LOADING = True
+            try:
+                data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            finally:
+                _LOADING = False
+            if data is None:
+                return None
+            if _holds(data, b"_numba_hashsecret_"):
+                import numba.cpython.hashing  # noqa: F401  (adds the symbols)
+            global _LAZY_NAMES
+            fndesc = data[1] if isinstance(data, tuple) and len(data) > 1 else None
+            wrapper = getattr(fndesc, "llvm_cpython_wrapper_name", None)
+            _LAZY_NAMES = (wrapper,) if isinstance(wrapper, str) else None
+            try:
+                return self._impl.rebuild(target_context, data)
+            finally:
+                _LAZY_NAMES = None
+        return None  # an I/O error swallowed by the guard
+
+    load_overload._synapse_nb = True
+    caching.Cache.load_overload = load_overload
+    _lazy_bitcode()
+    _environments_without_imports()
+
+
+_LOADING = False  # a cache entry of ours is being unpickled (under Numba's compiler lock)
+
+
+def _environments_without_imports() -> None:
+    """A cached kernel's environments of Numba's own implementations, without importing their module.
+
+    A kernel that allocates (np.empty, np.full) refers to the environment (globals and constants
+    for Python objects) of Numba's implementation of that function, and unpickling it imports
+    the module holding the implementation to take its globals: numba.np.arrayobj, which imports
+    Numba's string support (37 ms, 4 MiB). Nopython code reads only the constants of an
+    environment (the globals serve object mode, which no kernel uses), so while one of our cache
+    entries loads, the environment of a Numba module not imported yet gets a globals dict holding
+    its name only (as pickled). Everything else is Numba's _rebuild_env.
+    """
+    from numba.core import environment
+
+    numba_rebuild = environment._rebuild_env
+    if getattr(numba_rebuild, "_synapse_nb", False):
+        return
+
+    def _rebuild_env(modname, consts, env_name):
+        if not (_LOADING and isinstance(modname, str) and modname.startswith("numba.")
+                and modname not in sys.modules) or environment.lookup_environment(env_name) is not None:
+            return numba_rebuild(modname, consts, env_name)
+        env = environment.Environment({"__name__": modname})
+        env.consts[:] = consts
+        env.env_name = env_name
+        environment.Environment._memo[env_name] = env
+        return env
+
+    _rebuild_env._synapse_nb = True
+    environment._rebuild_env = _rebuild_env
+
+
+# Set by a cache load of ours around Numba's rebuild (under Numba's compiler lock): the symbols
+# Numba asks the loaded library for (its CPython wrapper), known without parsing its bitcode.
+_LAZY_NAMES = None
+
+
+def _lazy_bitcode() -> None:
+    """A kernel loaded from the cache parses its LLVM bitcode only when something needs it.
+
+    Numba's cache entry holds a kernel's object code (what runs) and its bitcode (what a later
+    compilation links in, and where Numba reads the names of the symbols the code defines).
+    Numba parses the bitcode at load: 0.7 MiB of LLVM module per kernel, 9 MiB for the kernels
+    of a 1-token run, never used unless something compiles in the process. For our loads the
+    library keeps the bytes and parses them on first need: linking (its shared module), or a
+    symbol other than its wrapper looked up (get_pointer_to_function).
+    """
+    import inspect
+
+    import llvmlite.binding as ll
+    from numba.core import codegen
+
+    base = codegen.JITCodeLibrary
+    numba_unserialize = inspect.getattr_static(base, "_unserialize")  # the classmethod object
+    if getattr(numba_unserialize, "_synapse_nb", False):
+        return
+
+    class LazyBitcodeLibrary(base):
+        """A JITCodeLibrary from cached object code whose bitcode is parsed on first use."""
+
+        _bitcode = None
+
+        @property
+        def _shared_module(self):
+            if self._bitcode is not None:  # parse it, and learn every symbol the library defines
+                bc, self._bitcode = self._bitcode, None
+                self.__dict__["_shared_module_"] = ll.parse_bitcode(bc)
+                self._codegen._engine._load_defined_symbols(self.__dict__["_shared_module_"])
+            return self.__dict__.get("_shared_module_")
+
+        @_shared_module.setter
+        def _shared_module(self, mod):
+            self.__dict__["_shared_module_"] = mod
+
+        def get_pointer_to_function(self, name):
+            if self._bitcode is not None and not self._codegen._engine.is_symbol_defined(name):
+                self._shared_module  # noqa: B018  (parses the bitcode, registering its symbols)
+            return super().get_pointer_to_function(name)
+
+    def _unserialize(cls, codegen_, state):
+        names = _LAZY_NAMES
+        try:
+            name, kind, (object_code, shared_bitcode) = state
+        except (TypeError, ValueError):
+            names = None
+        if names is None or cls is not base or kind != "object":
+            return numba_unserialize.__func__(cls, codegen_, state)
+        # numba.core.codegen.CPUCodeLibrary._unserialize ("object"), the bitcode kept as bytes
+        self = LazyBitcodeLibrary(codegen_, name)
+        self.enable_object_caching()
+        self._set_compiled_object(object_code)
+        self._bitcode = shared_bitcode
+        self._finalize_final_module()
+        codegen_._engine._defined_symbols.update(names)
+        return self
+
+    _unserialize._synapse_nb = True
+    base._unserialize = classmethod(_unserialize)
+
+
+def _nrt_cache_file(codegen):
+    """Path of the cached NRT object code for this Numba, LLVM and target, or None (no cache dir,
+    or NRT debugging on: then Numba's module differs)."""
+    import llvmlite
+    import numba
+    from numba.core import config
+
+    from .kernels import _cache
+
+    if config.DEBUG_NRT or config.NRT_STATS:
+        return None
+    d = _cache.cache_dir()
+    if d is None:
+        return None
+    key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(), config.OPT, sys.version_info[:2]))
+    return os.path.join(d, f"numba_nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.nbc")
+
+
+def _cached_nrt_module() -> None:
+    """NRT's LLVM functions loaded as cached object code instead of compiled in every process.
+
+    numba.core.runtime.nrtdynmod.compile_nrt_functions builds a small LLVM module (atomic
+    incref/decref, meminfo data, the unresolved-symbol abort) and compiles it: the same module for
+    a given Numba, LLVM and CPU. Its object code is saved beside the kernels' cache (the file
+    name keys Numba's and llvmlite's versions and the target) and reloaded as Numba reloads a
+    cached kernel; anything unusable about the file means compiling, as Numba does.
+    """
+    from numba.core.runtime import nrtdynmod
+
+    numba_compile = nrtdynmod.compile_nrt_functions
+    if getattr(numba_compile, "_synapse_nb", False):
+        return
+
+    def compile_nrt_functions(ctx):
+        codegen = ctx.codegen()
+        try:
+            path = _nrt_cache_file(codegen)
+        except Exception:  # no usable cache directory
+            path = None
+        if path is None:
+            return numba_compile(ctx)
+        try:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+            if isinstance(state, tuple) and len(state) == 3 and state[:2] == ("nrt", "object"):
+                global _LAZY_NAMES
+                _LAZY_NAMES = ()  # its bitcode parsed only if a compilation links it in (3 MiB)
+                try:
+                    return codegen.unserialize_library(state)
+                finally:
+                    _LAZY_NAMES = None
+        except Exception:
+            pass  # missing or unreadable: compile and save it again
+        ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+        library.enable_object_caching()
+        library.add_ir_module(ir_mod)
+        library.finalize()
+        try:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump(library.serialize_using_object_code(), f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return library
+
+    compile_nrt_functions._synapse_nb = True
+    nrtdynmod.compile_nrt_functions = compile_nrt_functions
 
 
 @contextmanager

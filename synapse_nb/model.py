@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from .gguf_spec import GGMLQuantizationType
 
 from .errors import SynapseError
 from .gguf_file import open_gguf

@@ -308,22 +308,59 @@ class Session:
         self.stop_reason = "context"
 
 
-def warmup(model: Model, progress=None) -> None:
-    """Compile (or load from Numba's cache) every kernel the forward uses, with a 1-token forward.
+def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, bool]:
+    """(batched, single, parallel attention): which warm-up steps a run calls the kernels of.
+
+    The run evaluates a prompt of n_prompt tokens in batches of n_batch (a batch of 1 token runs
+    the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
+    full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
+    Attention is parallel for a batch (or decode step) past attention.uses_parallel's threshold:
+    the largest batches are the last full one and the last one, the largest step the last.
+    """
+    n_batch = min(n_batch, n_ctx)
+    last = n_prompt - (n_prompt - 1) % n_batch - 1  # position of the last batch
+    n_decode = max(0, n_ctx - n_prompt - 1)
+    if n_predict >= 0:
+        n_decode = min(n_decode, max(0, n_predict - 1))
+    batched = min(n_prompt, n_batch) > 1
+    single = n_prompt - last == 1 or n_decode > 0
+    # (n rows, pos0) of the largest attention calls: every layer but the last attends all rows of
+    # a batch (the last one too with all_logits), the last layer of the last batch its last row
+    rows = [(n_prompt - last, last), (min(n_batch, n_prompt), max(0, last - n_batch)), (1, n_prompt - 1)]
+    if n_decode:
+        rows.append((1, n_prompt + n_decode - 1))
+    par_attn = any(_attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v) for n, p in rows)
+    return batched, single, par_attn
+
+
+def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
+           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None) -> None:
+    """Compile (or load from Numba's cache) the kernels the forward uses, with 1-token forwards.
 
     model: a loaded Model. progress: optional callable(done, total, name) called before each step.
+    By default every kernel any run may call. Given n_prompt (a run that evaluates a prompt of
+    n_prompt tokens in batches of n_batch, then decodes up to n_predict tokens, -1: until n_ctx
+    is full, n_ctx defaulting as Session's), only the kernels of that run: a one-token prompt
+    skips the batched (parallel) kernels, which cost as much to load as to compile when unused.
+    A kernel left out still compiles (or loads) on its first call.
     """
     hp = model.hparams
+    if n_prompt is None:
+        batched = single = par_attn = True
+    else:
+        batched, single, par_attn = _run_needs(hp, n_prompt, n_predict, n_batch,
+                                               default_n_ctx(hp) if n_ctx is None else n_ctx)
     s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
     out = np.empty((1, hp.n_head * hp.head_dim_v), np.float32)
     q = np.zeros((1, hp.n_head * hp.head_dim_k), np.float32)
     steps = [
-        ("batched forward (parallel kernels)", lambda: s.eval([0, 0])),
-        ("single-token forward (serial kernels)", lambda: s.eval([0])),
+        ("batched forward (parallel kernels)", lambda: s.eval([0, 0])) if batched else None,
+        ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
         ("parallel attention", lambda: _attn._attention_par(
             out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-            hp.head_dim_v, model._kq_scale)),
+            hp.head_dim_v, model._kq_scale)) if par_attn else None,
     ]
+    steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):
         if progress:
             progress(i, len(steps), name)

@@ -264,3 +264,24 @@ def test_truncation_error_names_the_section(tmp_path):
     r = GGUFReader(SRC)
     off = part_offset(r, r.fields["tokenizer.ggml.scores"].parts[-1])
     assert_error(_damaged(tmp_path, size=off), "truncated file", "the value of key tokenizer.ggml.scores")
+
+
+def test_gguf_spec_agrees_with_the_gguf_package():
+    """synapse_nb.gguf_spec (read by the loader instead of importing gguf) has gguf's names and values."""
+    import gguf
+
+    from synapse_nb import gguf_spec as S
+
+    for t in S.GGMLQuantizationType:
+        g = gguf.GGMLQuantizationType[t.name]
+        assert int(g) == int(t) and gguf.GGML_QUANT_SIZES[g] == S.GGML_QUANT_SIZES[t], t
+    assert len(S.GGML_QUANT_SIZES) == len(S.GGMLQuantizationType)
+    assert [(t.name, int(t)) for t in S.GGUFValueType] == [(t.name, int(t)) for t in gguf.GGUFValueType]
+    assert (S.GGUF_MAGIC, S.GGUF_DEFAULT_ALIGNMENT) == (gguf.GGUF_MAGIC, gguf.GGUF_DEFAULT_ALIGNMENT)
+    n = 0
+    for group in ("General", "LLM", "Attention", "Rope", "Tokenizer"):
+        for key, value in vars(getattr(S.Keys, group)).items():
+            if not key.startswith("_"):
+                assert getattr(getattr(gguf.Keys, group), key) == value, (group, key)
+                n += 1
+    assert n > 40

@@ -100,3 +100,38 @@ def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
     assert second["y"] == 65.0 and second["misses"] > 0  # the new helper, not the cached driver
     third = run()
     assert third["y"] == 65.0 and third["hits"] > 0 and third["misses"] == 0  # and cached again
+
+
+# llama-decode's process setup (synapse_nb.jit.fast_start): kernels loaded from the cache without
+# Numba's registry refresh, with NRT's functions from a cached object and their bitcode parsed
+# only when needed. A kernel that allocates (NRT), then a new function compiled in the same process
+# that calls a loaded kernel (links in its bitcode: parsed then, after the registries load).
+_FAST_START = r"""
+import glob, json, os
+import numba
+import numpy as np
+from synapse_nb.jit import fast_start
+fast_start()
+from synapse_nb.kernels import get_rows, ops
+from synapse_nb.kernels._cache import cache_dir
+
+class W:
+    name, ggml_type, shape = "w", 0, (3, 64)  # F32
+    data = np.arange(192, dtype=np.float32).view(np.uint8)
+rows = get_rows(W(), [2, 0])  # _deq_f32 (parallel, allocates nothing) and the checks
+theta = float(ops.rope_theta_scale(np.float32(10000.0), 64))
+twice = numba.njit(lambda b, n: ops.rope_theta_scale(b, n) * np.float32(2.0))
+s = ops.rope_theta_scale.stats
+print(json.dumps({"rows": rows[:, :2].tolist(), "theta": theta, "twice": float(twice(np.float32(10000.0), 64)),
+                  "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values()),
+                  "nrt": len(glob.glob(os.path.join(cache_dir(), "numba_nrt-*.nbc")))}))
+"""
+
+
+def test_fast_start_loads_cached_kernels_that_a_new_compile_can_link(tmp_path):
+    first = json.loads(_run(_FAST_START, tmp_path))  # compiles, saves the kernels and NRT's object
+    assert first["misses"] > 0 and first["nrt"] == 1
+    second = json.loads(_run(_FAST_START, tmp_path))  # loads them
+    assert second["hits"] > 0 and second["misses"] == 0 and second["nrt"] == 1
+    assert second["rows"] == first["rows"] == [[128.0, 129.0], [0.0, 1.0]]
+    assert second["theta"] == first["theta"] and second["twice"] == first["twice"] == 2 * first["theta"]

@@ -313,6 +313,32 @@ def test_warmup_reports_progress_and_leaves_no_state():
     assert s.n_past == 0
 
 
+def test_warmup_of_a_run_takes_the_steps_the_run_uses():
+    """warmup(n_prompt=...) runs only the steps whose kernels the run calls (the rest would load or
+    compile for nothing): a 1-token prompt and no decode step is the serial forward alone."""
+    from synapse_nb.kernels.attention import uses_parallel
+    from synapse_nb.session import _run_needs
+
+    m = model("tiny-llama-hd128-q4_k_m")
+    hp = m.hparams
+    assert _run_needs(hp, 1, 1, 64, 512) == (False, True, False)  # "Hello" -n 1
+    assert _run_needs(hp, 1, 0, 64, 512) == (False, True, False)
+    assert _run_needs(hp, 5, 1, 64, 512)[:2] == (True, False)  # no decode step: no serial forward
+    assert _run_needs(hp, 5, 2, 64, 512)[:2] == (True, True)
+    assert _run_needs(hp, 65, 1, 64, 512)[:2] == (True, True)  # the last batch is 1 token
+    assert _run_needs(hp, 64, 1, 1, 512)[:2] == (False, True)  # -b 1: every batch is 1 token
+    # parallel attention: as attention_rows decides, for the largest batch or the last decode step
+    big = next(p for p in range(1, 1 << 20) if uses_parallel(1, p, hp.n_head, hp.head_dim_k, hp.head_dim_v))
+    assert _run_needs(hp, 1, 8, 64, big + 10)[2] is False
+    assert _run_needs(hp, 1, -1, 64, big + 10)[2] is True  # -n -1: to the end of the context
+    assert _run_needs(hp, 1, big + 1, 64, big + 10)[2] is True  # the last step is evaluated at position big
+    assert _run_needs(hp, 1, big, 64, big + 10)[2] is False  # at big - 1
+    calls = []
+    session_warmup(m, progress=lambda done, total, name: calls.append((done, total, name)),
+                   n_prompt=1, n_predict=1, n_ctx=64)
+    assert [c[2] for c in calls] == ["single-token forward (serial kernels)", "done"]
+
+
 def test_inf_in_weights_gives_no_exception(tmp_path):
     """ggml computes through inf/nan; our kernels must not raise (Numba's default error model would:
     Q8_K's d = 1/iscale divides by zero when a row's largest value is inf)."""

@@ -29,26 +29,21 @@ KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @functools.lru_cache(maxsize=None)
-def _hash_sources(key):
-    """sha256 over the (name, contents) of the files in ``key`` = ((path, mtime_ns, size), ...)."""
-    h = hashlib.sha256()
-    for path, _, _ in key:
-        h.update(os.path.basename(path).encode() + b"\0")
-        with open(path, "rb") as f:
-            h.update(f.read())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 def package_source_stamp():
-    """sha256 (hex) of all synapse_nb/kernels/*.py, memoized on their (path, mtime, size)."""
-    key = []
+    """sha256 (hex) of the (name, contents) of all synapse_nb/kernels/*.py.
+
+    Computed once per process, when the first kernel is decorated, i.e. from the sources this
+    process imports (a file edited while the process runs does not change what it runs, nor
+    what it stamps); every new process hashes the files again.
+    """
+    h = hashlib.sha256()
     for name in sorted(os.listdir(KERNELS_DIR)):
         if name.endswith(".py"):
-            path = os.path.join(KERNELS_DIR, name)
-            st = os.stat(path)
-            key.append((path, st.st_mtime_ns, st.st_size))
-    return _hash_sources(tuple(key))
+            h.update(name.encode() + b"\0")
+            with open(os.path.join(KERNELS_DIR, name), "rb") as f:
+                h.update(f.read())
+            h.update(b"\0")
+    return h.hexdigest()
 
 
 def _in_package(py_file):
@@ -58,11 +53,22 @@ def _in_package(py_file):
         return False
 
 
+_USABLE_DIRS = set()  # cache directories found writable in this process
+
+
 class _PackageStampMixin:
     """Source stamp = the whole package's; only functions defined in synapse_nb/kernels."""
 
     def get_source_stamp(self):
         return package_source_stamp()
+
+    def ensure_cache_path(self):
+        # Numba's creates the directory and a temporary file in it for every decorated function
+        # (about 130 at import); once per directory and process is enough to know it is usable.
+        path = self.get_cache_path()
+        if path not in _USABLE_DIRS:
+            super().ensure_cache_path()
+            _USABLE_DIRS.add(path)
 
     @classmethod
     def from_function(cls, py_func, py_file):
@@ -84,6 +90,16 @@ class UserWideCacheLocator(_PackageStampMixin, caching.UserWideCacheLocator):
 
 
 LOCATORS = (UserProvidedCacheLocator, InTreeCacheLocator, UserWideCacheLocator)
+
+
+def cache_dir():
+    """The directory Numba caches this package's kernels in (the first usable of LOCATORS, as
+    Numba chooses for each kernel), or None when none is usable."""
+    for cls in LOCATORS:
+        loc = cls.from_function(cache_dir, os.path.abspath(__file__))
+        if loc is not None:
+            return loc.get_cache_path()
+    return None
 
 
 def install():

@@ -248,6 +248,11 @@ def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
 PARALLEL_MIN_WORK = 1 << 17
 
 
+def uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v):
+    """True when attention_rows of n query rows at positions pos0.. runs on all threads."""
+    return n * n_head * (pos0 + n) * (head_dim_k + head_dim_v) >= PARALLEL_MIN_WORK
+
+
 def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
@@ -260,7 +265,5 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     thread count, and row t equals a one-row call at position pos0 + t bit for bit.
     The caller guarantees the shapes and pos0 + N <= n_ctx.
     """
-    n = q.shape[0]
-    work = n * n_head * (pos0 + n) * (head_dim_k + head_dim_v)
-    fn = _attention_par if work >= PARALLEL_MIN_WORK else _attention_ser
+    fn = _attention_par if uses_parallel(q.shape[0], pos0, n_head, head_dim_k, head_dim_v) else _attention_ser
     fn(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from gguf import GGUFValueType as VT
+from ..gguf_spec import GGUFValueType as VT
 
 from ..errors import SynapseError
 from ..gguf_file import Metadata

@@ -16,8 +16,8 @@ on it (every candidate is end-of-generation).
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGUFValueType as VT
-from gguf import Keys
+from ..gguf_spec import GGUFValueType as VT
+from ..gguf_spec import Keys
 
 from ..errors import SynapseError
 from ..gguf_file import Metadata
