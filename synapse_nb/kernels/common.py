@@ -925,7 +925,7 @@ def _lanes64_acc(builder, w8, a8, acc):
 
 
 def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,
-                         prefetch=True):
+                         small_values=True, prefetch=True):
     """Build the four-row super-block intrinsic of a K-quant format (kquants.py vec_dot4_T_q8_K):
         sb4_dot(acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly the super-block step of the format's vec_dot_T_q8_K: the same
@@ -957,6 +957,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
     if dmin_off is not None:
         assert dmin_off == d_off + 2
     has_min = dmin_off is not None
+    use_madd = HAS_VNNI512 and small_values
 
     @intrinsic
     def sb4_dot(typingctx, acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off):
@@ -976,6 +977,10 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                 for extra in range(0, 4 * block_bytes, 64):
                     builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
                                       ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+            maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
+            dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
+                                                    "llvm.x86.avx512.vpdpwssd.512")
             yd = builder.load(builder.bitcast(ap, _F32.as_pointer()), align=1)
             # the rows' F16 d (and dmin) in one conversion and one multiply: dm[di(r)], dm[mi(r)]
             if has_min:
@@ -992,9 +997,13 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             for c in range(8):
                 a32 = ir_bytes(builder, ap, 4 + 32 * c, 32)
                 a64 = ir_shuffle(builder, a32, None, list(range(32)) * 2)
-                acc0 = ir.Constant(_V16I, [0] * 16)
-                if offset:
-                    acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
+                if use_madd:  # the offset part: -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
+                    acc0 = builder.sub(ir.Constant(ir.VectorType(i16, 32), [0] * 32),
+                                       builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64])) if offset else None
+                else:
+                    acc0 = ir.Constant(_V16I, [0] * 16)
+                    if offset:
+                        acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
                 acts.append((a64, acc0))
             bs = None
             if mins is not None:
@@ -1009,15 +1018,32 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                                        _madd_pairs(builder, bs, builder.mul(sb, m32)), range(16))
                 else:
                     lanes = ir.Constant(_V16I, [0] * 16)
+                # the scale of int32 lane L (row a's lanes 0..7, row b's 8..15) of chunk c: entry sidx(c, L)
+                # of [row a's 16 scales, row b's 16 scales]
+                def sidx(c, L):
+                    return 16 * (L // 8) + (2 * c + (L % 8) // 4 if per_half else c)
+                if use_madd:
+                    i16x16 = ir.VectorType(i16, 16)
+                    tab = ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16), range(32))
+                elif per_half:
+                    tab = ir_shuffle(builder, sa, sb, range(32))
+                else:  # [a's 8 scales, b's 8]: then a one-source permute per chunk
+                    tab = ir_shuffle(builder, sa, sb, list(range(8)) + list(range(16, 24)))
                 for c in range(8):
                     a64, acc0 = acts[c]
                     v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
-                    if per_half:
-                        idx = [2 * c] * 4 + [2 * c + 1] * 4 + [16 + 2 * c] * 4 + [17 + 2 * c] * 4
+                    if use_madd:  # vpmaddubsw (word w: 2 products, no saturation: values < 128) + vpdpwssd
+                        t = builder.call(maddubs, [v, a64])
+                        if offset:
+                            t = builder.add(t, acc0)
+                        sv = ir_shuffle(builder, tab, None, [sidx(c, L) for L in range(16) for _ in range(2)])
+                        lanes = builder.call(dpwssd, [lanes, builder.bitcast(t, _V16I), builder.bitcast(sv, _V16I)])
                     else:
-                        idx = [c] * 8 + [16 + c] * 8
-                    lanes = builder.add(lanes, builder.mul(ir_shuffle(builder, sa, sb, idx),
-                                                           _lanes64_acc(builder, v, a64, acc0)))
+                        if per_half:
+                            sv = ir_shuffle(builder, tab, None, [sidx(c, L) for L in range(16)])
+                        else:
+                            sv = ir_shuffle(builder, tab, None, [c] * 8 + [8 + c] * 8)
+                        lanes = builder.add(lanes, builder.mul(sv, _lanes64_acc(builder, v, a64, acc0)))
                 vptr = builder.bitcast(accp, v16f.as_pointer())
                 acc = builder.load(vptr, align=4)
                 if mins == "lanes":
