@@ -993,57 +993,57 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                 ydv = _splat(builder, yd, 4)
                 di, mi = (lambda r: r), None
             dm = builder.fmul(ydv, wf)
-            acts = []  # chunk c's 32 activations twice (one per row of a pair), and its offset lanes
-            for c in range(8):
-                a32 = ir_bytes(builder, ap, 4 + 32 * c, 32)
-                a64 = ir_shuffle(builder, a32, None, list(range(32)) * 2)
-                if use_madd:  # the offset part: -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
+            bs = None
+            if mins is not None:
+                bs = builder.sext(_vload(builder, builder.gep(ap, [ir.Constant(i64, 260)]), 16, i16), _V16I)
+            scs = [scales(builder, p) for p in wp]
+            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+            pairs = ((0, 1), (2, 3))
+            lanes, tabs = [], []
+            for ra, rb in pairs:
+                (sa, _), (sb, _) = scs[ra], scs[rb]
+                if mins == "bsums32":
+                    m32 = ir_splat_const(_I32, -32, 16)
+                    lanes.append(ir_shuffle(builder, _madd_pairs(builder, bs, builder.mul(sa, m32)),
+                                            _madd_pairs(builder, bs, builder.mul(sb, m32)), range(16)))
+                else:
+                    lanes.append(ir.Constant(_V16I, [0] * 16))
+                if use_madd:
+                    i16x16 = ir.VectorType(i16, 16)
+                    tabs.append(ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16), range(32)))
+                elif per_half:
+                    tabs.append(ir_shuffle(builder, sa, sb, range(32)))
+                else:  # [a's 8 scales, b's 8]: then a one-source permute per chunk
+                    tabs.append(ir_shuffle(builder, sa, sb, list(range(8)) + list(range(16, 24))))
+
+            # the scale of int32 lane L (row a's lanes 0..7, row b's 8..15) of chunk c: entry sidx(c, L)
+            # of [row a's 16 scales, row b's 16 scales]
+            def sidx(c, L):
+                return 16 * (L // 8) + (2 * c + (L % 8) // 4 if per_half else c)
+
+            for c in range(8):  # chunk c's 32 activations twice (one per row of a pair), its offset part
+                a64 = ir_shuffle(builder, ir_bytes(builder, ap, 4 + 32 * c, 32), None, list(range(32)) * 2)
+                if use_madd:  # -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
                     acc0 = builder.sub(ir.Constant(ir.VectorType(i16, 32), [0] * 32),
                                        builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64])) if offset else None
                 else:
                     acc0 = ir.Constant(_V16I, [0] * 16)
                     if offset:
                         acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
-                acts.append((a64, acc0))
-            bs = None
-            if mins is not None:
-                bs = builder.sext(_vload(builder, builder.gep(ap, [ir.Constant(i64, 260)]), 16, i16), _V16I)
-            scs = [scales(builder, p) for p in wp]
-            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
-            for (ra, rb), accp in (((0, 1), p01), ((2, 3), p23)):
-                (sa, ma), (sb, mb) = scs[ra], scs[rb]
-                if mins == "bsums32":
-                    m32 = ir_splat_const(_I32, -32, 16)
-                    lanes = ir_shuffle(builder, _madd_pairs(builder, bs, builder.mul(sa, m32)),
-                                       _madd_pairs(builder, bs, builder.mul(sb, m32)), range(16))
-                else:
-                    lanes = ir.Constant(_V16I, [0] * 16)
-                # the scale of int32 lane L (row a's lanes 0..7, row b's 8..15) of chunk c: entry sidx(c, L)
-                # of [row a's 16 scales, row b's 16 scales]
-                def sidx(c, L):
-                    return 16 * (L // 8) + (2 * c + (L % 8) // 4 if per_half else c)
-                if use_madd:
-                    i16x16 = ir.VectorType(i16, 16)
-                    tab = ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16), range(32))
-                elif per_half:
-                    tab = ir_shuffle(builder, sa, sb, range(32))
-                else:  # [a's 8 scales, b's 8]: then a one-source permute per chunk
-                    tab = ir_shuffle(builder, sa, sb, list(range(8)) + list(range(16, 24)))
-                for c in range(8):
-                    a64, acc0 = acts[c]
+                for q, (ra, rb) in enumerate(pairs):
                     v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
                     if use_madd:  # vpmaddubsw (word w: 2 products, no saturation: values < 128) + vpdpwssd
                         t = builder.call(maddubs, [v, a64])
                         if offset:
                             t = builder.add(t, acc0)
-                        sv = ir_shuffle(builder, tab, None, [sidx(c, L) for L in range(16) for _ in range(2)])
-                        lanes = builder.call(dpwssd, [lanes, builder.bitcast(t, _V16I), builder.bitcast(sv, _V16I)])
+                        sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16) for _ in range(2)])
+                        lanes[q] = builder.call(dpwssd, [lanes[q], builder.bitcast(t, _V16I), builder.bitcast(sv, _V16I)])
                     else:
-                        if per_half:
-                            sv = ir_shuffle(builder, tab, None, [sidx(c, L) for L in range(16)])
-                        else:
-                            sv = ir_shuffle(builder, tab, None, [c] * 8 + [8 + c] * 8)
-                        lanes = builder.add(lanes, builder.mul(sv, _lanes64_acc(builder, v, a64, acc0)))
+                        sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16)] if per_half
+                                        else [c] * 8 + [8 + c] * 8)
+                        lanes[q] = builder.add(lanes[q], builder.mul(sv, _lanes64_acc(builder, v, a64, acc0)))
+            for q, ((ra, rb), accp) in enumerate(zip(pairs, (p01, p23))):
+                (_, ma), (_, mb) = scs[ra], scs[rb]
                 vptr = builder.bitcast(accp, v16f.as_pointer())
                 acc = builder.load(vptr, align=4)
                 if mins == "lanes":
@@ -1051,7 +1051,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                     dmv = ir_shuffle(builder, dm, None, [mi(ra)] * 8 + [mi(rb)] * 8)
                     acc = builder.call(fma16, [dmv, builder.sitofp(pm, v16f), acc])
                 dv = ir_shuffle(builder, dm, None, [di(ra)] * 8 + [di(rb)] * 8)
-                builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), acc]), vptr, align=4)
+                builder.store(builder.call(fma16, [dv, builder.sitofp(lanes[q], v16f), acc]), vptr, align=4)
             if mins in ("four", "scalar"):
                 bp = _madd_pairs(builder, bs, ir_splat_const(_I32, 1, 16))  # bs[2c] + bs[2c+1]
                 t = [_madd_pairs(builder, bp, ir_shuffle(builder, mn, None, range(8))) for _, mn in scs]  # 4 lanes each
