@@ -925,7 +925,7 @@ def _lanes64_acc(builder, w8, a8, acc):
 
 
 def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,
-                         small_values=True, prefetch=True):
+                         small_values=True, values2=None, prefetch=True):
     """Build the four-row super-block intrinsic of a K-quant format (kquants.py vec_dot4_T_q8_K):
         sb4_dot(acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly the super-block step of the format's vec_dot_T_q8_K: the same
@@ -943,6 +943,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         at i8* p, value order; the weight is the value minus ``offset`` (offset * the 4-value
         activation sums is subtracted from each chunk's lanes before its scale: exact, = ggml's
         separate dot of the offset part).
+      values2(builder, pa, pb, c) (optional) -> <64 x i8>: values(pa, c) then values(pb, c), when
+        a format has a cheaper way to decode both rows at once.
       scales(builder, p) -> (sc, mn): <16 x i32> sub-block scales (per_half: 16, the two halves of
         chunk c scaled by sc[2c], sc[2c+1]; else 8, chunk c by sc[c]) and the mins (<16 x i32> or
         None) for ``mins``:
@@ -1031,7 +1033,10 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                     if offset:
                         acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
                 for q, (ra, rb) in enumerate(pairs):
-                    v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
+                    if values2 is not None:
+                        v = values2(builder, wp[ra], wp[rb], c)
+                    else:
+                        v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
                     if use_madd:  # vpmaddubsw (word w: 2 products, no saturation: values < 128) + vpdpwssd
                         t = builder.call(maddubs, [v, a64])
                         if offset:

@@ -52,7 +52,7 @@ from numba import carray, njit
 
 from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane,
                      acc16_zero, bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_scaled_add, f16_le,
-                     f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes, ir_lookup_nibbles32,
+                     f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes, ir_lookup64, ir_lookup_nibbles32,
                      ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8, lanes_fma8, load_f32,
                      make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32, stack_u8, u32_as_f32,
                      zero16)
@@ -951,6 +951,16 @@ def _vals_iq4_xs(b, p, c):  # iq4_lookup32: kvalues_iq4nl + 128 (the weight is t
     return ir_lookup_nibbles32(b, b.gep(p, [ir.Constant(ir.IntType(64), 8 + 16 * c)]), IQ4NL_TABLE_U8)
 
 
+def _vals2_iq4_xs(b, pa, pb, c):
+    """_vals_iq4_xs of two rows in one 64-byte lookup: [qa, qa, qb, qb] (16 bytes each), the
+    high nibble of the second and fourth copies (one word shift), then kvalues + 128."""
+    x = ir_shuffle(b, ir_bytes(b, pa, 8 + 16 * c, 16), ir_bytes(b, pb, 8 + 16 * c, 16),
+                   list(range(16)) * 2 + list(range(16, 32)) * 2)
+    i16x32 = ir.VectorType(ir.IntType(16), 32)
+    sh = b.lshr(b.bitcast(x, i16x32), ir.Constant(i16x32, ([0] * 8 + [4] * 8) * 2))
+    return ir_lookup64(b, b.and_(b.bitcast(sh, ir.VectorType(ir.IntType(8), 64)), _c8(15, 64)), IQ4NL_TABLE_U8)
+
+
 def _i32x(vals):
     return ir.Constant(ir.VectorType(ir.IntType(32), len(vals)), list(vals))
 
@@ -979,11 +989,11 @@ def _scales_k4(b, p):
     """_k4_unpack(sc, w, 4) as ggml's word arithmetic on u = the 3 words at p + 4: bytes 0..7 the
     scales, 8..15 the mins of [u0 & m1, (u2 & m2) | ((u0 >> 6) & m3) << 4, u1 & m1,
     ((u2 >> 4) & m2) | ((u1 >> 6) & m3) << 4] (m1 = 0x3f.., m2 = 0x0f.., m3 = 0x03..)."""
-    u0, u1, u2 = (ir_word(b, p, 4 + 4 * t) for t in range(3))
-    lo = b.and_(b.lshr(ir_vec(b, [u0, u2, u1, u2]), _i32x([0, 0, 0, 4])),
+    u = b.bitcast(ir_bytes(b, p, 4, 16), ir.VectorType(ir.IntType(32), 4))  # u0, u1, u2 (+ 4 bytes of qs)
+    lo = b.and_(b.lshr(ir_shuffle(b, u, None, [0, 2, 1, 2]), _i32x([0, 0, 0, 4])),
                 _i32x([0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]))
-    hi = b.shl(b.and_(b.lshr(ir_vec(b, [u0, u0, u1, u1]), _i32x([6] * 4)), _i32x([0, 0x03030303, 0, 0x03030303])),
-               _i32x([4] * 4))
+    hi = b.shl(b.and_(b.lshr(ir_shuffle(b, u, None, [0, 0, 1, 1]), _i32x([6] * 4)),
+                      _i32x([0, 0x03030303, 0, 0x03030303])), _i32x([4] * 4))
     t = _bytes_to_i32(b, b.or_(lo, hi))
     return t, ir_shuffle(b, t, None, list(range(8, 16)) * 2)
 
@@ -1014,7 +1024,7 @@ _SB4 = {
                               mins="scalar")),
     "q6_K": (Q6_K_BYTES, dict(d_off=208, values=_vals_q6_K, scales=_scales_q6_K, per_half=True, mins="bsums32")),
     "iq4_xs": (IQ4_XS_BYTES, dict(d_off=0, values=_vals_iq4_xs, scales=_scales_iq4_xs, per_half=False,
-                                  offset=128, small_values=False)),
+                                  offset=128, small_values=False, values2=_vals2_iq4_xs)),
 }
 for _stem, (_wb, _kw) in _SB4.items():
     globals()[f"_sb4_{_stem}"] = make_superblock4_dot(_wb, **_kw)
