@@ -932,9 +932,13 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
     eight exact int32 lanes p_r (lane k: sum over the 32-value chunks c of scale * the 4-value sums
     at 4k..4k+3), the same float32 roundings per lane, in shared vector operations:
       d_r = y.d * F16(w_r[d_off]) (dmin_r = -y.d * F16(w_r[dmin_off])), four rows in one multiply;
-      per row pair (0, 1 / 2, 3) and chunk c one 16-lane op: [row a's chunk c, row b's chunk c]
-      (vpdpbusd.512 of the unsigned values against the chunk's activations twice), times the
-      lanes' scales, added into the pair's lanes; acc_pair = fma(d, float(lanes), acc_pair).
+      per row pair (0, 1 / 2, 3) and chunk c one 16-lane step on [row a's chunk c, row b's chunk c]
+      against the chunk's 32 activations twice: with ``small_values`` (stored values < 128) and
+      AVX512-VNNI, vpmaddubsw (pairs of products in int16: |.| <= 2 * 127 * 128, never saturated)
+      then vpdpwssd with the lanes' scales (scale and add in one op); else vpdpbusd.512, times the
+      scales, added (portable IR without VNNI); acc_pair = fma(d, float(lanes), acc_pair).
+    Chunks outer, row pairs inner: few live vectors (no spills). Integer lanes are exact, so the
+    different groupings give vec_dot's int32 values; each float op is vec_dot's, lane by lane.
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3, lanes 0..7 / 8..15); accx: 16 float32 for
     the min terms (touch all three only with acc16_zero / acc16_hsum / acc16_lane).
 
@@ -959,7 +963,6 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
     if dmin_off is not None:
         assert dmin_off == d_off + 2
     has_min = dmin_off is not None
-    use_madd = HAS_VNNI512 and small_values
 
     @intrinsic
     def sb4_dot(typingctx, acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off):
@@ -967,6 +970,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
 
         def codegen(context, builder, signature, args):
             p01, p23, px, r0, r1, r2, r3, wo, a, ao = args
+            use_madd = HAS_VNNI512 and small_values
             wp = [builder.gep(_data(context, builder, signature.args[3 + r], v), [wo])
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
@@ -979,10 +983,11 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                 for extra in range(0, 4 * block_bytes, 64):
                     builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
                                       ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-            maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
-            dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
-                                                    "llvm.x86.avx512.vpdpwssd.512")
+            if use_madd:
+                maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
+                dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
+                                                        "llvm.x86.avx512.vpdpwssd.512")
             yd = builder.load(builder.bitcast(ap, _F32.as_pointer()), align=1)
             # the rows' F16 d (and dmin) in one conversion and one multiply: dm[di(r)], dm[mi(r)]
             if has_min:
@@ -999,7 +1004,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             if mins is not None:
                 bs = builder.sext(_vload(builder, builder.gep(ap, [ir.Constant(i64, 260)]), 16, i16), _V16I)
             scs = [scales(builder, p) for p in wp]
-            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3),
+                                                   "llvm.fma.v16f32")
             pairs = ((0, 1), (2, 3))
             lanes, tabs = [], []
             for ra, rb in pairs:
@@ -1012,7 +1018,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                     lanes.append(ir.Constant(_V16I, [0] * 16))
                 if use_madd:
                     i16x16 = ir.VectorType(i16, 16)
-                    tabs.append(ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16), range(32)))
+                    tabs.append(ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16),
+                                           range(32)))
                 elif per_half:
                     tabs.append(ir_shuffle(builder, sa, sb, range(32)))
                 else:  # [a's 8 scales, b's 8]: then a one-source permute per chunk
@@ -1026,8 +1033,9 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             for c in range(8):  # chunk c's 32 activations twice (one per row of a pair), its offset part
                 a64 = ir_shuffle(builder, ir_bytes(builder, ap, 4 + 32 * c, 32), None, list(range(32)) * 2)
                 if use_madd:  # -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
-                    acc0 = builder.sub(ir.Constant(ir.VectorType(i16, 32), [0] * 32),
-                                       builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64])) if offset else None
+                    acc0 = None if not offset else builder.sub(
+                        ir.Constant(ir.VectorType(i16, 32), [0] * 32),
+                        builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64]))
                 else:
                     acc0 = ir.Constant(_V16I, [0] * 16)
                     if offset:
@@ -1042,7 +1050,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                         if offset:
                             t = builder.add(t, acc0)
                         sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16) for _ in range(2)])
-                        lanes[q] = builder.call(dpwssd, [lanes[q], builder.bitcast(t, _V16I), builder.bitcast(sv, _V16I)])
+                        lanes[q] = builder.call(dpwssd, [lanes[q], builder.bitcast(t, _V16I),
+                                                         builder.bitcast(sv, _V16I)])
                     else:
                         sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16)] if per_half
                                         else [c] * 8 + [8 + c] * 8)
@@ -1059,7 +1068,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                 builder.store(builder.call(fma16, [dv, builder.sitofp(lanes[q], v16f), acc]), vptr, align=4)
             if mins in ("four", "scalar"):
                 bp = _madd_pairs(builder, bs, ir_splat_const(_I32, 1, 16))  # bs[2c] + bs[2c+1]
-                t = [_madd_pairs(builder, bp, ir_shuffle(builder, mn, None, range(8))) for _, mn in scs]  # 4 lanes each
+                # lane m of row r: mn[2m]*bp[2m] + mn[2m+1]*bp[2m+1]
+                t = [_madd_pairs(builder, bp, ir_shuffle(builder, mn, None, range(8))) for _, mn in scs]
                 mv = ir_shuffle(builder, ir_shuffle(builder, t[0], t[1], range(8)),
                                 ir_shuffle(builder, t[2], t[3], range(8)), range(16))  # lane 4r+m
                 if mins == "four":

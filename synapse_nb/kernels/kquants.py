@@ -19,6 +19,12 @@ Row kernels that reproduce ggml's CPU backend bit for bit:
   cost more than the work here).  Integer lanes are exact int32, so where rows_dot forms them
   differently (bsums with one vector multiply, Q3_K / IQ4_XS's two dots per chunk with one
   scale multiply) they are the same bits.
+- ``vec_dot4_T_q8_K(y, m, w, a_row)``: y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4 (w:
+  uint8 [M, nb*block bytes], C-contiguous) bit for bit: the matmul drivers' kernel for N == 1 on
+  whole groups of four rows.  Per super-block one intrinsic (common.make_superblock4_dot, built
+  from this file's per-format IR readers of the values and scales) does each row's vec_dot step
+  with the four rows' scalar work in vector ops and two rows per 16-lane integer dot and fma; one
+  row alone is bound by its scalar scale unpacking and its single fma chain.
 
 How the x86 dots accumulate, and how we reproduce it.  Each 256-value super-block is
 reduced to eight int32 "lanes" (one per 32-bit element of a __m256i): lane k holds the
@@ -50,12 +56,12 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane,
-                     acc16_zero, bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_scaled_add, f16_le,
-                     f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes, ir_lookup64, ir_lookup_nibbles32,
-                     ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8, lanes_fma8, load_f32,
-                     make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32, stack_u8, u32_as_f32,
-                     zero16)
+from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero,  # noqa: F401
+                     acc16_hsum, acc16_lane, acc16_zero, bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add,
+                     dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes,
+                     ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8,
+                     lanes_fma8, load_f32, make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32,
+                     stack_u8, u32_as_f32, zero16)  # (F401: acc16_* are used by the generated vec_dot4)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -906,10 +912,11 @@ def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
 # y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4, bit for bit: per super-block one
 # common.make_superblock4_dot intrinsic does each row's vec_dot step (the same int32 lanes, the
 # same float32 roundings) with the four rows' scalars in shared vector operations, two rows per
-# 16-lane vpdpbusd / fma, and a prefetch of the rows ahead (four rows read side by side defeat
-# the hardware prefetcher). The per-format pieces below give it the stored values of a 32-value
-# chunk and the sub-block scales (and mins) of one block at i8* p, in LLVM IR, read exactly as
-# _unpack_T and the scale code of vec_dot_T read them (tests compare all of them with ggml).
+# 16-lane integer dot / fma, and a prefetch of the rows ahead (as the legacy formats' vec_dot4).
+# The per-format pieces below give it, in LLVM IR, the stored values of a 32-value chunk and the
+# sub-block scales (and mins) of the block at i8* p, read exactly as _unpack_T and the scale code
+# of vec_dot_T read them (ggml's word arithmetic for the packed 6-bit scales); the tests compare
+# vec_dot4 with vec_dot and with ggml, on every path (AVX512-VNNI and portable).
 
 def _c8(v, n=32):
     return ir_splat_const(ir.IntType(8), v, n)
@@ -1031,8 +1038,9 @@ for _stem, (_wb, _kw) in _SB4.items():
 
 # vec_dot's final sum per row r, after hsum_float_8 of its 8 lanes (acc16_hsum)
 _TAIL = {
-    "q4_K": " + ((acc16_lane(px, 4 * r) + acc16_lane(px, 4 * r + 2)) + (acc16_lane(px, 4 * r + 1) + acc16_lane(px, 4 * r + 3)))",
-    "q5_K": " + acc16_lane(px, r)",
+    "q4_K": (" + ((acc16_lane(px, 4 * r) + acc16_lane(px, 4 * r + 2))"
+             " + (acc16_lane(px, 4 * r + 1) + acc16_lane(px, 4 * r + 3)))"),  # the four min lanes
+    "q5_K": " + acc16_lane(px, r)",  # summs
 }
 
 _VEC_DOT4 = '''
