@@ -326,6 +326,48 @@ def test_vec_dot_matches_numpy_transcription(fmt):
             assert bits1(ours) == bits1(ref), (r, m, ours, ref)
 
 
+def extreme_rows(fmt, n_rows, nb, rng):
+    """Rows whose stored values and scales are at their limits (bytes 0xFF, 0x00, 0x80, 0x7F, 0x55
+    runs: every value 63 for Q6_K, kvalues' ends for IQ4_XS, ...), finite f16 fields."""
+    _, bs, f16_offsets = FORMATS[fmt]
+    fill = np.array([0xFF, 0x00, 0x80, 0x7F, 0x55, 0xAA], np.uint8)
+    w = np.repeat(fill[rng.integers(0, fill.size, (n_rows, nb))], bs, axis=1)
+    for b in range(nb):
+        for o in f16_offsets:
+            h = rng.uniform(-0.05, 0.05, n_rows).astype(np.float16)
+            w[:, b * bs + o: b * bs + o + 2] = h.view(np.uint8).reshape(n_rows, 2)
+    return np.ascontiguousarray(w)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_vec_dot4_matches_vec_dot(fmt):
+    """vec_dot4_T_q8_K (the matvec's four-row kernel) == vec_dot_T_q8_K row by row, bit for bit, on
+    random and extreme 19-block rows (22 of them, also through the matvec driver: groups of 4 and
+    the single-row kernel for the rest) and activations: random, all +-127 (the largest products),
+    one all-zero block."""
+    from synapse_nb.kernels import matvec
+
+    rng = np.random.default_rng(11)
+    nb, k = 19, 19 * 256
+    dot4 = getattr(kq, f"vec_dot4_{SUFFIX[fmt]}_q8_K")
+    w = np.concatenate([random_rows(fmt, 11, nb, rng), extreme_rows(fmt, 11, nb, rng)])
+    w = w[rng.permutation(len(w))]
+    xs = [(rng.standard_normal(k) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32) for _ in range(3)]
+    xs.append(np.where(rng.random(k) < 0.5, -1.0, 1.0).astype(np.float32))  # every q8 is +-127
+    xs.append(np.full(k, -2.5, np.float32))
+    xs[0][256:512] = 0.0
+    for x in xs:
+        a = q8k(x)
+        ref = np.array([dot_fn(fmt)(w[m], a, scratch(k)) for m in range(len(w))], np.float32)
+        assert np.isfinite(ref).all()
+        y = np.zeros(len(w), np.float32)
+        for m in range(0, len(w) - 3, 2):  # (overlapping groups: every row in several positions)
+            dot4(y, m, w, a)
+            assert np.array_equal(bits(y[m:m + 4]), bits(ref[m:m + 4])), m
+        t = type("W", (), dict(name="w", ggml_type=FORMATS[fmt][0], shape=(len(w), k), data=w.reshape(-1)))
+        assert np.array_equal(bits(matvec(t, x)), bits(ref))
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_vec_dot_close_to_float64_of_dequantized(fmt):
     """ours vs sum(dequant(w) * dequant(a)) in float64.

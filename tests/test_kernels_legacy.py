@@ -147,6 +147,17 @@ def test_matvec_matches_ggml_vec_dot(name):
         assert same_bits(matvec(w, d["x"][n]), d["y"][n]), n
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_matvec_remainder_rows_match_ggml_vec_dot(name):
+    """22 weight rows (fixture rows 5..26): the driver's 16-row chunks are then 16 and 6 rows, so
+    vec_dot4 runs on groups of 4 and the single-row vec_dot on the 2 left over; bit for bit."""
+    w, d = fixture_weight(name)
+    rb = F.format_of(name).row_bytes(w.shape[1])
+    w22 = T(w.name, w.ggml_type, (22, w.shape[1]), w.data[5 * rb:27 * rb])
+    for n in range(len(d["x"])):
+        assert same_bits(matvec(w22, d["x"][n]), d["y"][n][5:27]), n
+
+
 @pytest.mark.parametrize("name", LEGACY)
 @pytest.mark.parametrize("k", [96, 896])
 def test_dot_matches_numpy_reference(name, k):

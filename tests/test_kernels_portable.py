@@ -2,11 +2,12 @@
 
 A subprocess with NUMBA_CPU_NAME=generic (which common.py's host probe reads as "no host
 features", so only portable LLVM IR is emitted) and its own NUMBA_CACHE_DIR runs every weight
-format's vec_dot row function (and its multi-row rows_dot, where it has one) and every
-activation quantizer on ggml's fixtures
-(tests/data/kernels/FMT.npz: ggml's activation bytes and vec_dot outputs) and compares bit for bit.
+format's vec_dot row function (and its multi-row rows_dot and four-row vec_dot4, where it has
+them) and every activation quantizer on ggml's fixtures (tests/data/kernels/FMT.npz: ggml's
+activation bytes and vec_dot outputs) and compares bit for bit.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -34,6 +35,7 @@ for fmt in F.weight_formats():
     mod = importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}")
     dot = getattr(mod, fmt.vec_dot_name())
     rows_dot = getattr(mod, fmt.rows_dot_name(), None)
+    dot4 = getattr(mod, fmt.vec_dot4_name(), None)
     x, act_ref, y_ref = z["x"], z["act_bytes"], z["y"]
     w = np.ascontiguousarray(z["weight_bytes"]).view(np.uint8).reshape(y_ref.shape[1], -1)
     a = np.empty_like(act_ref)
@@ -48,9 +50,17 @@ for fmt in F.weight_formats():
         for m in rows:
             rows_dot(yr, m, w[m], a)
         rows_ok = bool(np.array_equal(yr[:, ::3].view(np.uint32), y_ref[:, ::3].view(np.uint32)))
+    dot4_ok = None  # (no four-row kernel)
+    if dot4 is not None:  # the matvec's four-row kernel, on row groups m..m+3 for m = 0, 12, 24, ...
+        y4 = np.zeros_like(y_ref)
+        for n in range(a.shape[0]):
+            for m in range(0, w.shape[0] - 3, 12):
+                dot4(y4[n], m, w, a[n])
+        sel = np.arange(w.shape[0]) % 12 < 4
+        dot4_ok = bool(np.array_equal(y4[:, sel].view(np.uint32), y_ref[:, sel].view(np.uint32)))
     res[fmt.name] = {"act": bool(np.array_equal(a, act_ref)),
                      "dot": bool(np.array_equal(y.view(np.uint32), y_ref[:, ::3].view(np.uint32))),
-                     "rows_dot": rows_ok, "n": int(y.size)}
+                     "rows_dot": rows_ok, "dot4": dot4_ok, "n": int(y.size)}
 print(json.dumps(res))
 """
 
@@ -64,5 +74,10 @@ def test_portable_path_of_every_format_matches_ggml(tmp_path):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert sorted(res) == sorted(f.name for f in F.weight_formats())
     bad = {k: v for k, v in res.items()
-           if not (v["act"] and v["dot"] and v["rows_dot"] is not False and v["n"] >= 8 * 256)}
+           if not (v["act"] and v["dot"] and v["rows_dot"] is not False and v["dot4"] is not False
+                   and v["n"] >= 8 * 256)}
     assert not bad, bad
+    with_dot4 = [f.name for f in F.weight_formats()
+                 if hasattr(importlib.import_module(f"synapse_nb.kernels.{f.kernels}"), f.vec_dot4_name())]
+    assert {"Q4_0", "Q4_K", "Q6_K", "IQ4_XS"} <= set(with_dot4)
+    assert all(res[name]["dot4"] for name in with_dot4), res

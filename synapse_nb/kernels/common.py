@@ -861,3 +861,229 @@ def ptr_offset(typingctx, p, k):
         return builder.gep(args[0], [args[1]])
 
     return sig, codegen
+
+
+@ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))
+def acc16_lane(context, builder, sig, args):
+    """acc[i] of 16 float32 touched only as a vector (the extra accumulators of make_superblock4_dot)."""
+    v = builder.load(builder.bitcast(args[0], _V16F.as_pointer()), align=4)
+    return builder.extract_element(v, builder.trunc(args[1], _I32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Four K-quant weight rows against one Q8_K activation row, one super-block per call
+# (kquants.py vec_dot4_T_q8_K): the vector form of the formats' vec_dot per super-block.
+# ---------------------------------------------------------------------------------------------
+
+
+def ir_bytes(builder, ptr, off, n):
+    """<n x i8> at byte offset off (a Python int) of the i8* ptr (unaligned load)."""
+    return _vload(builder, builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]), n)
+
+
+def ir_word(builder, ptr, off, bits=32):
+    """The little-endian integer of ``bits`` bits at byte offset off (a Python int) of the i8* ptr."""
+    ty = ir.IntType(bits)
+    return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]), ty.as_pointer()),
+                        align=1)
+
+
+def ir_vec(builder, vals):
+    """A vector from a list of scalars of one type (insertelement chain)."""
+    v = ir.Constant(ir.VectorType(vals[0].type, len(vals)), ir.Undefined)
+    for i, x in enumerate(vals):
+        v = builder.insert_element(v, x, ir.Constant(_I32, i))
+    return v
+
+
+def ir_splat_const(ty, v, n):
+    """<n x ty> with every lane the Python int v."""
+    return ir.Constant(ir.VectorType(ty, n), [v] * n)
+
+
+def ir_shuffle(builder, a, b, idx):
+    """shufflevector(a, b, idx) with idx a list of Python ints (b None: a with itself)."""
+    return builder.shuffle_vector(a, a if b is None else b, ir.Constant(ir.VectorType(_I32, len(idx)), list(idx)))
+
+
+def _madd_pairs(builder, x, y):
+    """<2n x i32> x, y -> <n x i32>: x[2i]*y[2i] + x[2i+1]*y[2i+1] (exact for the K-quants' small
+    operands; _mm256_madd_epi16)."""
+    n = x.type.count
+    prod = builder.mul(x, y)
+    return builder.add(ir_shuffle(builder, prod, None, range(0, n, 2)), ir_shuffle(builder, prod, None, range(1, n, 2)))
+
+
+def _lanes64_acc(builder, w8, a8, acc):
+    """acc + the 16 int32 lanes of unsigned w8 x signed a8 (<64 x i8>; vpdpbusd.512 with acc as its
+    accumulator, else portable IR): wrapping int32, the same bits either way."""
+    if HAS_VNNI512:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(w8, _V16I), builder.bitcast(a8, _V16I)])
+    return builder.add(acc, _lanes_portable64(builder, w8, a8, False))
+
+
+def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,
+                         small_values=True, values2=None, prefetch=True):
+    """Build the four-row super-block intrinsic of a K-quant format (kquants.py vec_dot4_T_q8_K):
+        sb4_dot(acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off)
+    does for each row r < 4 exactly the super-block step of the format's vec_dot_T_q8_K: the same
+    eight exact int32 lanes p_r (lane k: sum over the 32-value chunks c of scale * the 4-value sums
+    at 4k..4k+3), the same float32 roundings per lane, in shared vector operations:
+      d_r = y.d * F16(w_r[d_off]) (dmin_r = -y.d * F16(w_r[dmin_off])), four rows in one multiply;
+      per row pair (0, 1 / 2, 3) and chunk c one 16-lane step on [row a's chunk c, row b's chunk c]
+      against the chunk's 32 activations twice: with ``small_values`` (stored values < 128) and
+      AVX512-VNNI, vpmaddubsw (pairs of products in int16: |.| <= 2 * 127 * 128, never saturated)
+      then vpdpwssd with the lanes' scales (scale and add in one op); else vpdpbusd.512, times the
+      scales, added (portable IR without VNNI); acc_pair = fma(d, float(lanes), acc_pair).
+    Chunks outer, row pairs inner: few live vectors (no spills). Integer lanes are exact, so the
+    different groupings give vec_dot's int32 values; each float op is vec_dot's, lane by lane.
+    acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3, lanes 0..7 / 8..15); accx: 16 float32 for
+    the min terms (touch all three only with acc16_zero / acc16_hsum / acc16_lane).
+
+    The format (all offsets Python ints, bytes into a block of ``block_bytes``):
+      values(builder, p, c) -> <32 x i8>: the unsigned stored values of chunk c (< 8) of the block
+        at i8* p, value order; the weight is the value minus ``offset`` (offset * the 4-value
+        activation sums is subtracted from each chunk's lanes before its scale: exact, = ggml's
+        separate dot of the offset part).
+      values2(builder, pa, pb, c) (optional) -> <64 x i8>: values(pa, c) then values(pb, c), when
+        a format has a cheaper way to decode both rows at once.
+      scales(builder, p) -> (sc, mn): <16 x i32> sub-block scales (per_half: 16, the two halves of
+        chunk c scaled by sc[2c], sc[2c+1]; else 8, chunk c by sc[c]) and the mins (<16 x i32> or
+        None) for ``mins``:
+        "lanes" (Q2_K): each lane first acc = fma(dmin, mn[2k]*bs[2k] + mn[2k+1]*bs[2k+1], acc);
+        "four" (Q4_K): accx[4r+m] = fma(dmin_r, mn[2m]*bp[2m] + mn[2m+1]*bp[2m+1], accx[4r+m]);
+        "scalar" (Q5_K): accx[r] = fma(dmin_r, sum_c mn[c]*bp[c], accx[r]);
+        "bsums32" (Q6_K): the lanes start at -32*(sc[2k]*bs[2k] + sc[2k+1]*bs[2k+1]);
+        with bs the Q8_K block's 16 bsums, bp[c] = bs[2c] + bs[2c+1].
+    ``prefetch``: fetch the weights PREFETCH_GROUPS 4-row groups ahead (see make_block4_dot)."""
+    v16f = _V16F
+    i16, i64 = ir.IntType(16), ir.IntType(64)
+    if dmin_off is not None:
+        assert dmin_off == d_off + 2
+    has_min = dmin_off is not None
+
+    @intrinsic
+    def sb4_dot(typingctx, acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off):
+        sig = types.void(acc01, acc23, accx, w0, w1, w2, w3, types.intp, a_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            p01, p23, px, r0, r1, r2, r3, wo, a, ao = args
+            use_madd = HAS_VNNI512 and small_values
+            wp = [builder.gep(_data(context, builder, signature.args[3 + r], v), [wo])
+                  for r, v in enumerate((r0, r1, r2, r3))]
+            ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
+            if prefetch:  # as make_block4_dot: the 4-row group PREFETCH_GROUPS ahead, at 4 blocks a step
+                pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+                stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
+                ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
+                                    builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
+                for extra in range(0, 4 * block_bytes, 64):
+                    builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
+                                      ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+            if use_madd:
+                maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
+                dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
+                                                        "llvm.x86.avx512.vpdpwssd.512")
+            yd = builder.load(builder.bitcast(ap, _F32.as_pointer()), align=1)
+            # the rows' F16 d (and dmin) in one conversion and one multiply: dm[di(r)], dm[mi(r)]
+            if has_min:
+                wf = ir_f16_vec_to_f32(builder, builder.bitcast(ir_vec(builder, [ir_word(builder, p, d_off)
+                                                                                 for p in wp]), ir.VectorType(i16, 8)))
+                ydv = ir_vec(builder, [yd, builder.fneg(yd)] * 4)
+                di, mi = (lambda r: 2 * r), (lambda r: 2 * r + 1)
+            else:
+                wf = ir_f16_vec_to_f32(builder, ir_vec(builder, [ir_word(builder, p, d_off, 16) for p in wp]))
+                ydv = _splat(builder, yd, 4)
+                di, mi = (lambda r: r), None
+            dm = builder.fmul(ydv, wf)
+            bs = None
+            if mins is not None:
+                bs = builder.sext(_vload(builder, builder.gep(ap, [ir.Constant(i64, 260)]), 16, i16), _V16I)
+            scs = [scales(builder, p) for p in wp]
+            fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3),
+                                                   "llvm.fma.v16f32")
+            pairs = ((0, 1), (2, 3))
+            lanes, tabs = [], []
+            for ra, rb in pairs:
+                (sa, _), (sb, _) = scs[ra], scs[rb]
+                if mins == "bsums32":
+                    m32 = ir_splat_const(_I32, -32, 16)
+                    lanes.append(ir_shuffle(builder, _madd_pairs(builder, bs, builder.mul(sa, m32)),
+                                            _madd_pairs(builder, bs, builder.mul(sb, m32)), range(16)))
+                else:
+                    lanes.append(ir.Constant(_V16I, [0] * 16))
+                if use_madd:
+                    i16x16 = ir.VectorType(i16, 16)
+                    tabs.append(ir_shuffle(builder, builder.trunc(sa, i16x16), builder.trunc(sb, i16x16),
+                                           range(32)))
+                elif per_half:
+                    tabs.append(ir_shuffle(builder, sa, sb, range(32)))
+                else:  # [a's 8 scales, b's 8]: then a one-source permute per chunk
+                    tabs.append(ir_shuffle(builder, sa, sb, list(range(8)) + list(range(16, 24))))
+
+            # the scale of int32 lane L (row a's lanes 0..7, row b's 8..15) of chunk c: entry sidx(c, L)
+            # of [row a's 16 scales, row b's 16 scales]
+            def sidx(c, L):
+                return 16 * (L // 8) + (2 * c + (L % 8) // 4 if per_half else c)
+
+            for c in range(8):  # chunk c's 32 activations twice (one per row of a pair), its offset part
+                a64 = ir_shuffle(builder, ir_bytes(builder, ap, 4 + 32 * c, 32), None, list(range(32)) * 2)
+                if use_madd:  # -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
+                    acc0 = None if not offset else builder.sub(
+                        ir.Constant(ir.VectorType(i16, 32), [0] * 32),
+                        builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64]))
+                else:
+                    acc0 = ir.Constant(_V16I, [0] * 16)
+                    if offset:
+                        acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
+                for q, (ra, rb) in enumerate(pairs):
+                    if values2 is not None:
+                        v = values2(builder, wp[ra], wp[rb], c)
+                    else:
+                        v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
+                    if use_madd:  # vpmaddubsw (word w: 2 products, no saturation: values < 128) + vpdpwssd
+                        t = builder.call(maddubs, [v, a64])
+                        if offset:
+                            t = builder.add(t, acc0)
+                        sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16) for _ in range(2)])
+                        lanes[q] = builder.call(dpwssd, [lanes[q], builder.bitcast(t, _V16I),
+                                                         builder.bitcast(sv, _V16I)])
+                    else:
+                        sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16)] if per_half
+                                        else [c] * 8 + [8 + c] * 8)
+                        lanes[q] = builder.add(lanes[q], builder.mul(sv, _lanes64_acc(builder, v, a64, acc0)))
+            for q, ((ra, rb), accp) in enumerate(zip(pairs, (p01, p23))):
+                (_, ma), (_, mb) = scs[ra], scs[rb]
+                vptr = builder.bitcast(accp, v16f.as_pointer())
+                acc = builder.load(vptr, align=4)
+                if mins == "lanes":
+                    pm = ir_shuffle(builder, _madd_pairs(builder, bs, ma), _madd_pairs(builder, bs, mb), range(16))
+                    dmv = ir_shuffle(builder, dm, None, [mi(ra)] * 8 + [mi(rb)] * 8)
+                    acc = builder.call(fma16, [dmv, builder.sitofp(pm, v16f), acc])
+                dv = ir_shuffle(builder, dm, None, [di(ra)] * 8 + [di(rb)] * 8)
+                builder.store(builder.call(fma16, [dv, builder.sitofp(lanes[q], v16f), acc]), vptr, align=4)
+            if mins in ("four", "scalar"):
+                bp = _madd_pairs(builder, bs, ir_splat_const(_I32, 1, 16))  # bs[2c] + bs[2c+1]
+                # lane m of row r: mn[2m]*bp[2m] + mn[2m+1]*bp[2m+1]
+                t = [_madd_pairs(builder, bp, ir_shuffle(builder, mn, None, range(8))) for _, mn in scs]
+                mv = ir_shuffle(builder, ir_shuffle(builder, t[0], t[1], range(8)),
+                                ir_shuffle(builder, t[2], t[3], range(8)), range(16))  # lane 4r+m
+                if mins == "four":
+                    dmv = ir_shuffle(builder, dm, None, [mi(r) for r in range(4) for _ in range(4)])
+                else:  # lane r: row r's sum (exact int32)
+                    one = ir_splat_const(_I32, 1, 16)
+                    s4 = _madd_pairs(builder, _madd_pairs(builder, mv, one), ir_splat_const(_I32, 1, 8))
+                    mv = ir_shuffle(builder, s4, None, list(range(4)) + [0] * 12)
+                    dmv = ir_shuffle(builder, dm, None, [mi(r) for r in range(4)] + [mi(0)] * 12)
+                xptr = builder.bitcast(px, v16f.as_pointer())
+                builder.store(builder.call(fma16, [dmv, builder.sitofp(mv, v16f), builder.load(xptr, align=4)]),
+                              xptr, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return sb4_dot

@@ -19,6 +19,12 @@ Row kernels that reproduce ggml's CPU backend bit for bit:
   cost more than the work here).  Integer lanes are exact int32, so where rows_dot forms them
   differently (bsums with one vector multiply, Q3_K / IQ4_XS's two dots per chunk with one
   scale multiply) they are the same bits.
+- ``vec_dot4_T_q8_K(y, m, w, a_row)``: y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4 (w:
+  uint8 [M, nb*block bytes], C-contiguous) bit for bit: the matmul drivers' kernel for N == 1 on
+  whole groups of four rows.  Per super-block one intrinsic (common.make_superblock4_dot, built
+  from this file's per-format IR readers of the values and scales) does each row's vec_dot step
+  with the four rows' scalar work in vector ops and two rows per 16-lane integer dot and fma; one
+  row alone is bound by its scalar scale unpacking and its single fma chain.
 
 How the x86 dots accumulate, and how we reproduce it.  Each 256-value super-block is
 reduced to eight int32 "lanes" (one per 32-bit element of a __m256i): lane k holds the
@@ -47,12 +53,15 @@ seen here: the drivers in matmul.py check shapes against the ggml type first.
 
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, njit
 
-from .common import (KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero, bsums_madd8, dot32_scaled_add,
-                     dot64_diff_scaled_add, dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8,
-                     iq4_lookup32, isum8, lanes_fma8, load_f32, pairs_fma4, ptr_offset, stack_f32, stack_i32,
-                     stack_u8, u32_as_f32, zero16)
+from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero,  # noqa: F401
+                     acc16_hsum, acc16_lane, acc16_zero, bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add,
+                     dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes,
+                     ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8,
+                     lanes_fma8, load_f32, make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32,
+                     stack_u8, u32_as_f32, zero16)  # (F401: acc16_* are used by the generated vec_dot4)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -895,3 +904,163 @@ def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
                 lanes_fma8(ptr_offset(accs, 8 * n), dw * load_f32(a, yo), p)
         for n in range(ng):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
+
+
+# ---------------------------------------------------------------------------------------
+# Four weight rows per call (the matvec, N == 1): vec_dot4_T_q8_K(y, m, w, a_row)
+# ---------------------------------------------------------------------------------------
+# y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4, bit for bit: per super-block one
+# common.make_superblock4_dot intrinsic does each row's vec_dot step (the same int32 lanes, the
+# same float32 roundings) with the four rows' scalars in shared vector operations, two rows per
+# 16-lane integer dot / fma, and a prefetch of the rows ahead (as the legacy formats' vec_dot4).
+# The per-format pieces below give it, in LLVM IR, the stored values of a 32-value chunk and the
+# sub-block scales (and mins) of the block at i8* p, read exactly as _unpack_T and the scale code
+# of vec_dot_T read them (ggml's word arithmetic for the packed 6-bit scales); the tests compare
+# vec_dot4 with vec_dot and with ggml, on every path (AVX512-VNNI and portable).
+
+def _c8(v, n=32):
+    return ir_splat_const(ir.IntType(8), v, n)
+
+
+def _nibbles(b, p, off, high):
+    """The low (high = 0) or high (1) nibbles of the 32 bytes at p + off."""
+    q = ir_bytes(b, p, off, 32)
+    return b.and_(b.lshr(q, _c8(4 * high)), _c8(15)) if high else b.and_(q, _c8(15))
+
+
+def _bits(b, p, off, shift, mask):
+    """(byte >> shift) & mask of the 32 bytes at p + off."""
+    return b.and_(b.lshr(ir_bytes(b, p, off, 32), _c8(shift)), _c8(mask))
+
+
+def _vals_q2_K(b, p, c):  # _unpack_2bit(qb, w, 16)
+    return _bits(b, p, 16 + 32 * (c // 4), 2 * (c % 4), 3)
+
+
+def _vals_q3_K(b, p, c):  # _unpack_q3_K: the low 2 bits | the high bit << 2 (the weight is that - 4)
+    return b.or_(_bits(b, p, 32 + 32 * (c // 4), 2 * (c % 4), 3), b.shl(_bits(b, p, 0, c, 1), _c8(2)))
+
+
+def _vals_q4_K(b, p, c):  # _unpack_q4_K
+    return _nibbles(b, p, 16 + 32 * (c // 2), c % 2)
+
+
+def _vals_q5_K(b, p, c):  # _unpack_q5_K
+    return b.or_(_nibbles(b, p, 48 + 32 * (c // 2), c % 2), b.shl(_bits(b, p, 16, c, 1), _c8(4)))
+
+
+def _vals_q6_K(b, p, c):  # _unpack_q6_K
+    j, s = divmod(c, 4)
+    return b.or_(_nibbles(b, p, 64 * j + 32 * (s % 2), s // 2), b.shl(_bits(b, p, 128 + 32 * j, 2 * s, 3), _c8(4)))
+
+
+def _vals_iq4_xs(b, p, c):  # iq4_lookup32: kvalues_iq4nl + 128 (the weight is that - 128)
+    return ir_lookup_nibbles32(b, b.gep(p, [ir.Constant(ir.IntType(64), 8 + 16 * c)]), IQ4NL_TABLE_U8)
+
+
+def _vals2_iq4_xs(b, pa, pb, c):
+    """_vals_iq4_xs of two rows in one 64-byte lookup: [qa, qa, qb, qb] (16 bytes each), the
+    high nibble of the second and fourth copies (one word shift), then kvalues + 128."""
+    x = ir_shuffle(b, ir_bytes(b, pa, 8 + 16 * c, 16), ir_bytes(b, pb, 8 + 16 * c, 16),
+                   list(range(16)) * 2 + list(range(16, 32)) * 2)
+    i16x32 = ir.VectorType(ir.IntType(16), 32)
+    sh = b.lshr(b.bitcast(x, i16x32), ir.Constant(i16x32, ([0] * 8 + [4] * 8) * 2))
+    return ir_lookup64(b, b.and_(b.bitcast(sh, ir.VectorType(ir.IntType(8), 64)), _c8(15, 64)), IQ4NL_TABLE_U8)
+
+
+def _i32x(vals):
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(vals)), list(vals))
+
+
+def _bytes_to_i32(b, v, signed=False):
+    """<4 x i32> or <16 x i8> -> its 16 bytes as <16 x i32>."""
+    v8 = b.bitcast(v, ir.VectorType(ir.IntType(8), 16))
+    return (b.sext if signed else b.zext)(v8, ir.VectorType(ir.IntType(32), 16))
+
+
+def _scales_q2_K(b, p):  # vec_dot: sc[j] = scales[j] & 15, min j = scales[j] >> 4
+    v = ir_bytes(b, p, 0, 16)
+    return _bytes_to_i32(b, b.and_(v, _c8(15, 16))), _bytes_to_i32(b, b.lshr(v, _c8(4, 16)))
+
+
+def _scales_q3_K(b, p):
+    """_q3_scale(w, 96, i), i < 16, as ggml's word arithmetic: bytes 4t..4t+3 of
+    ((aux[t & 1] >> 4 (t >> 1)) & 0x0f0f0f0f) | (((aux[2] >> 2t) & 0x03030303) << 4), minus 32."""
+    a0, a1, a2 = (ir_word(b, p, 96 + 4 * t) for t in range(3))
+    lo = b.and_(b.lshr(ir_vec(b, [a0, a1, a0, a1]), _i32x([0, 0, 4, 4])), _i32x([0x0F0F0F0F] * 4))
+    hi = b.shl(b.and_(b.lshr(ir_vec(b, [a2] * 4), _i32x([0, 2, 4, 6])), _i32x([0x03030303] * 4)), _i32x([4] * 4))
+    return b.sub(_bytes_to_i32(b, b.or_(lo, hi)), _i32x([32] * 16)), None
+
+
+def _scales_k4(b, p):
+    """_k4_unpack(sc, w, 4) as ggml's word arithmetic on u = the 3 words at p + 4: bytes 0..7 the
+    scales, 8..15 the mins of [u0 & m1, (u2 & m2) | ((u0 >> 6) & m3) << 4, u1 & m1,
+    ((u2 >> 4) & m2) | ((u1 >> 6) & m3) << 4] (m1 = 0x3f.., m2 = 0x0f.., m3 = 0x03..)."""
+    u = b.bitcast(ir_bytes(b, p, 4, 16), ir.VectorType(ir.IntType(32), 4))  # u0, u1, u2 (+ 4 bytes of qs)
+    lo = b.and_(b.lshr(ir_shuffle(b, u, None, [0, 2, 1, 2]), _i32x([0, 0, 0, 4])),
+                _i32x([0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]))
+    hi = b.shl(b.and_(b.lshr(ir_shuffle(b, u, None, [0, 0, 1, 1]), _i32x([6] * 4)),
+                      _i32x([0, 0x03030303, 0, 0x03030303])), _i32x([4] * 4))
+    t = _bytes_to_i32(b, b.or_(lo, hi))
+    return t, ir_shuffle(b, t, None, list(range(8, 16)) * 2)
+
+
+def _scales_q6_K(b, p):  # int8 scales[16]
+    return _bytes_to_i32(b, ir_bytes(b, p, 192, 16), signed=True), None
+
+
+def _scales_iq4_xs(b, p):
+    """vec_dot's ls, ib < 8: ((scales_l word >> 4 ib) & 15) | ((scales_h >> 2 ib) & 3) << 4, minus 32
+    (lanes 8..15 repeat 0..7)."""
+    i32 = ir.IntType(32)
+    sl = ir_vec(b, [ir_word(b, p, 4)] * 16)
+    sh = ir_vec(b, [b.zext(ir_word(b, p, 2, 16), i32)] * 16)
+    lo = b.and_(b.lshr(sl, _i32x([4 * (i % 8) for i in range(16)])), _i32x([15] * 16))
+    hi = b.shl(b.and_(b.lshr(sh, _i32x([2 * (i % 8) for i in range(16)])), _i32x([3] * 16)), _i32x([4] * 16))
+    return b.sub(b.or_(lo, hi), _i32x([32] * 16)), None
+
+
+# stem: (block bytes, make_superblock4_dot arguments after block_bytes)
+_SB4 = {
+    "q2_K": (Q2_K_BYTES, dict(d_off=80, values=_vals_q2_K, scales=_scales_q2_K, per_half=True, dmin_off=82,
+                              mins="lanes")),
+    "q3_K": (Q3_K_BYTES, dict(d_off=108, values=_vals_q3_K, scales=_scales_q3_K, per_half=True, offset=4)),
+    "q4_K": (Q4_K_BYTES, dict(d_off=0, values=_vals_q4_K, scales=_scales_k4, per_half=False, dmin_off=2,
+                              mins="four")),
+    "q5_K": (Q5_K_BYTES, dict(d_off=0, values=_vals_q5_K, scales=_scales_k4, per_half=False, dmin_off=2,
+                              mins="scalar")),
+    "q6_K": (Q6_K_BYTES, dict(d_off=208, values=_vals_q6_K, scales=_scales_q6_K, per_half=True, mins="bsums32")),
+    "iq4_xs": (IQ4_XS_BYTES, dict(d_off=0, values=_vals_iq4_xs, scales=_scales_iq4_xs, per_half=False,
+                                  offset=128, small_values=False, values2=_vals2_iq4_xs)),
+}
+for _stem, (_wb, _kw) in _SB4.items():
+    globals()[f"_sb4_{_stem}"] = make_superblock4_dot(_wb, **_kw)
+
+# vec_dot's final sum per row r, after hsum_float_8 of its 8 lanes (acc16_hsum)
+_TAIL = {
+    "q4_K": (" + ((acc16_lane(px, 4 * r) + acc16_lane(px, 4 * r + 2))"
+             " + (acc16_lane(px, 4 * r + 1) + acc16_lane(px, 4 * r + 3)))"),  # the four min lanes
+    "q5_K": " + acc16_lane(px, r)",  # summs
+}
+
+_VEC_DOT4 = '''
+@njit(cache=True, error_model="numpy")
+def vec_dot4_{w}_q8_K(y, m, w, a_row):
+    """y[m + r] = vec_dot_{w}_q8_K(w[m + r], a_row) for r < 4, bit for bit (_sb4_{w} per super-block).
+
+    y: float32[M]; w: uint8[M, nb*{WB}] (C-contiguous); a_row: uint8[nb*292]."""
+    nb = w.shape[1] // {WB}
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    acc = stack_f32(32)
+    px = stack_f32(16)
+    acc16_zero(acc)
+    acc16_zero(ptr_offset(acc, 16))
+    acc16_zero(px)
+    for i in range(nb):
+        _sb4_{w}(acc, ptr_offset(acc, 16), px, w0, w1, w2, w3, i * {WB}, a_row, i * Q8_K_BYTES)
+    for r in range(4):
+        y[m + r] = acc16_hsum(ptr_offset(acc, 16 * (r // 2)), r % 2){tail}
+'''
+
+for _stem, (_wb, _) in _SB4.items():
+    exec(compile(_VEC_DOT4.format(w=_stem, WB=_wb, tail=_TAIL.get(_stem, "")), __file__, "exec"), globals())

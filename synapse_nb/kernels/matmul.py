@@ -20,7 +20,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   freely (e.g. the row's int32 products in scratch[:K], float32 views of other parts), it holds
   no state between calls. All slices passed in are C-contiguous 1-D.
   K-quants (kquants.py): ``vec_dot_q2_K_q8_K`` ... ``vec_dot_q6_K_q8_K``, ``vec_dot_iq4_xs_q8_K``
-  with the scratch argument above, their ``rows_dot_*_q8_K`` twins, ``dequantize_row_q2_K`` ...
+  with the scratch argument above, their ``rows_dot_*_q8_K`` and ``vec_dot4_*_q8_K`` twins,
+  ``dequantize_row_q2_K`` ...
   ``dequantize_row_iq4_xs``, and
   ``quantize_row_q8_K(out, x)`` (292 bytes per 256 values: f32 d, int8 qs[256], int16 bsums[16]).
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
@@ -43,7 +44,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot4_T(y, m, w, a)`` (y[:, m + r]
   for r < 4, all activation rows: N > 1), again with vec_dot_T's operations per output; the
   driver takes them for whole groups of rows in a chunk and the single-row functions for the rest
-  (the template formats of legacy.py have both).
+  (the template formats of legacy.py have both; IQ4_NL too; the K-quants have vec_dot4).
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
