@@ -225,6 +225,7 @@ _V16I = ir.VectorType(_I32, 16)
 # Prefetch distance of the streaming reads (K tiles, V lane chains): 8 KiB ahead, in F16 elements.
 # Measured on V chains read from DRAM: 17 GB/s without, 35 GB/s at 8 KiB (a plain read: ~52).
 PREFETCH_AHEAD = 4096
+PREFETCH_K = 4096
 
 
 def _ptr(context, builder, aty, aval, elt):
@@ -286,63 +287,67 @@ def _literal(t):
 
 
 @intrinsic(prefer_literal=True)
-def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, nq, n64):
-    """sc[so + r*ss + j] = ggml_vec_dot_f16(K[j], q_r) (float32) for 16 positions j and the nq
-    (literal) queries r: dim i of K row j at kc[ko + i*64 + j] (a K tile, uint16 F16 bits);
-    dim i of q_r at q[qo + r*qs + i] (float32 F16 values); n64 (literal) 64-dim steps.
+def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
+    """sc[so + r*ss + 16 c + j] = ggml_vec_dot_f16(K[16 c + j], q_r) (float32) for ncol columns of
+    16 positions (c < ncol, j < 16) and the nq (literal) queries r: dim i of K row p at
+    kc[ko + i*64 + p] (a K tile, uint16 F16 bits); dim i of q_r at q[qo + r*qs + i] (float32 F16
+    values); n64 (literal) 64-dim steps.
 
     Lane l is fma(k_i, q_i, .) over dims i = 64 s + l, s ascending from 0 (starting from +0);
     then (acc0 + acc2) + (acc1 + acc3) and _mm512_reduce_add_ps's tree: _qk_scores's
-    operations, vectorized over positions. Also prefetches the tile PREFETCH_AHEAD elements
-    ahead (the half of its lines that this call's column shares with the next column's)."""
+    operations, vectorized over positions. The lanes are taken in pairs (l, 8 + l), whose first
+    stage sums are added at once (the tree's second stage); the remaining stages read those 8
+    sums back. Also prefetches the tile PREFETCH_AHEAD elements ahead."""
     R, S = _literal(nq), _literal(n64)
     if R is None or S is None:
         return None
-    sig = types.void(sc, types.intp, types.intp, kc, types.intp, q, types.intp, types.intp, nq, n64)
+    sig = types.void(sc, types.intp, types.intp, kc, types.intp, q, types.intp, types.intp, types.intp, nq, n64)
 
     def codegen(context, builder, signature, args):
-        scv, sov, ssv, kcv, kov, qv, qov, qsv = args[:8]
+        scv, sov, ssv, kcv, kov, qv, qov, qsv, ncolv = args[:9]
         scp = _ptr(context, builder, signature.args[0], scv, ir.FloatType())
         kp = _ptr(context, builder, signature.args[3], kcv, _I16)
         qp = _ptr(context, builder, signature.args[5], qv, ir.FloatType())
         intp = kov.type
         qb = [builder.gep(qp, [builder.add(qov, builder.mul(qsv, intp(r)))]) for r in range(R)]
         zero = _vconst(0.0)
-        # 16 positions are 32 bytes: columns 0, 1 (2, 3) of a 128-byte tile row share a line;
-        # the even column prefetches the even rows, the odd column the odd rows.
-        odd = builder.and_(builder.lshr(kov, intp(4)), intp(1))
-        pf = builder.gep(kp, [builder.add(kov, builder.add(intp(PREFETCH_AHEAD), builder.mul(odd, intp(KT))))])
-        for i in range(0, 64 * S, 2):
-            _prefetch(builder, builder.gep(pf, [intp(i * KT)]))
+        stash = cgutils.alloca_once(builder, _V16F, size=8 * R)  # s_l = r_{8+l} + r_l, l < 8
+        with cgutils.for_range(builder, ncolv) as col:
+            kc0 = builder.add(kov, builder.mul(col.index, intp(16)))
+            # 16 positions are 32 bytes: columns 0, 1 (2, 3) of a 128-byte tile row share a line;
+            # the even column prefetches the even rows, the odd column the odd rows.
+            odd = builder.and_(col.index, intp(1))
+            pf = builder.gep(kp, [builder.add(kc0, builder.add(intp(PREFETCH_K), builder.mul(odd, intp(KT))))])
+            for i in range(0, 64 * S, 2):
+                _prefetch(builder, builder.gep(pf, [intp(i * KT)]))
+            with cgutils.for_range(builder, intp(8)) as lp:
+                l = lp.index
 
-        def lane(l):  # lane l of every query, after all steps
-            acc = [zero] * R
-            for s in range(S):
-                i = 64 * s + l
-                k = _f16x16(builder, kp, builder.add(kov, intp(i * KT)))
-                acc = [_fma16(builder, k, _bcast16(builder, qb[r], intp(i)), acc[r]) for r in range(R)]
-            return acc
+                def lane(d):  # lane l + d of every query, after all steps
+                    acc = [zero] * R
+                    for s in range(S):
+                        i = builder.add(l, intp(64 * s + d))
+                        k = _f16x16(builder, kp, builder.add(kc0, builder.mul(i, intp(KT))))
+                        acc = [_fma16(builder, k, _bcast16(builder, qb[r], i), acc[r]) for r in range(R)]
+                    return acc
 
-        def first(l):  # (acc_l + acc_{32+l}) + (acc_{16+l} + acc_{48+l})
-            a, c = lane(l), lane(32 + l)
-            b, d = lane(16 + l), lane(48 + l)
-            return [builder.fadd(builder.fadd(a[r], c[r]), builder.fadd(b[r], d[r])) for r in range(R)]
+                def first(d):  # r_{l+d} = (acc_{l+d} + acc_{32+l+d}) + (acc_{16+l+d} + acc_{48+l+d})
+                    a, c = lane(d), lane(32 + d)
+                    b, e = lane(16 + d), lane(48 + d)
+                    return [builder.fadd(builder.fadd(a[r], c[r]), builder.fadd(b[r], e[r])) for r in range(R)]
 
-        def half8(l):  # r_l = r_{8+l} + r_l
-            a, b = first(8 + l), first(l)
-            return [builder.fadd(a[r], b[r]) for r in range(R)]
+                hi, lo = first(8), first(0)
+                for r in range(R):
+                    builder.store(builder.fadd(hi[r], lo[r]), builder.gep(stash, [builder.add(builder.mul(l, intp(R)), intp(r))]))
 
-        def half4(l):  # r_l = r_{4+l} + r_l
-            a, b = half8(4 + l), half8(l)
-            return [builder.fadd(a[r], b[r]) for r in range(R)]
+            def s_(l, r):
+                return builder.load(builder.gep(stash, [intp(l * R + r)]))
 
-        # emitted in the tree's order, so that few partial sums are live at once
-        t0, t2 = half4(0), half4(2)
-        u02 = [builder.fadd(t0[r], t2[r]) for r in range(R)]
-        t1, t3 = half4(1), half4(3)
-        u13 = [builder.fadd(t1[r], t3[r]) for r in range(R)]
-        for r in range(R):
-            _vstore(builder, builder.fadd(u02[r], u13[r]), scp, builder.add(sov, builder.mul(ssv, intp(r))))
+            for r in range(R):
+                t = [builder.fadd(s_(4 + l, r), s_(l, r)) for l in range(4)]  # r_l = r_{4+l} + r_l
+                res = builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+                _vstore(builder, res, scp, builder.add(builder.add(sov, builder.mul(ssv, intp(r))),
+                                                       builder.mul(col.index, intp(16))))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -580,7 +585,7 @@ def sm_round(typingctx, sc, so, n, inv):
     return sig, codegen
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _softmax(sc, so, n_kv, kq_scale):
     """sc[so + j] = the F16-rounded softmax of sc[so + j] * kq_scale for j < n_kv, in place
     (ggml_compute_forward_soft_max_f32 with a zero mask, then mul_mat's conversion of the
@@ -598,49 +603,58 @@ def _softmax(sc, so, n_kv, kq_scale):
 # 7 queries, 28, measured slower in the kernels' context: spills).
 QK_MAX_Q = 8
 PV_MAX_Q4 = 6
+# K tiles per decode q.k item.
+QK_TILES = 4
 
 
 @njit(cache=True, error_model="numpy")
-def _qk_q(sc, so, ss, kf, ko, qf, qo, qs, nq, n64):
-    """qk16 for nq = 1..QK_MAX_Q queries and n64 = 1 or 2 (literals, one branch each)."""
+def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, n64, nblk):
+    """Scores of nq = 1..QK_MAX_Q queries on nblk consecutive K tiles (qk16 with a literal nq and
+    n64 = 1 or 2 per branch; kf: one KV head's tiles, the first at ko; positions from sc[so])."""
     if n64 == 1:
         if nq == 1:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 1, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 1, 1)
         elif nq == 2:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 2, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 2, 1)
         elif nq == 3:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 3, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 3, 1)
         elif nq == 4:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 4, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 4, 1)
         elif nq == 5:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 5, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 5, 1)
         elif nq == 6:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 6, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 6, 1)
         elif nq == 7:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 7, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 7, 1)
         else:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 8, 1)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 8, 1)
     else:
         if nq == 1:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 1, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 1, 2)
         elif nq == 2:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 2, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 2, 2)
         elif nq == 3:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 3, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 3, 2)
         elif nq == 4:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 4, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 4, 2)
         elif nq == 5:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 5, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 5, 2)
         elif nq == 6:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 6, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 6, 2)
         elif nq == 7:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 7, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 7, 2)
         else:
-            qk16(sc, so, ss, kf, ko, qf, qo, qs, 8, 2)
+            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 8, 2)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, nq, n64):
+    for b in range(nblk):  # one tile (4 columns) per qk16 call
+        qk16(sc, so + b * KT, ss, kf, ko + b * n64 * 64 * KT, qf, qo, qs, 4, nq, n64)
 
 
 @njit(cache=True, error_model="numpy")
-def _pv_q4(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq):
+def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq):
     """pv_chain on 64 channels (dv 4) for nq = 1..PV_MAX_Q4 queries (a literal per branch)."""
     if nq == 1:
         pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 1, 4)
@@ -669,20 +683,19 @@ def _lane_steps(n, l):
     return (n - l + KT - 1) // KT if n > l else 0
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _decode_qk(sc, kf, qf, g, blk, nt, gqa, hd_k, nctx64, n64):
-    """Decode phase 1, item (KV head g, K tile blk): the scores of g's query heads on the tile.
+@njit(cache=True, error_model="numpy")
+def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64):
+    """Decode phase 1, item (KV head g, K tiles b0..b1-1): the scores of g's query heads there.
     sc: float32 [n_head, nctx64], qf: the F16-rounded q [n_head, hd_k], kf: K [n_head_kv, nt,
     hd_k, 64], all flat."""
-    ko = (g * nt + blk) * hd_k * KT
     cs = _chunk(gqa, QK_MAX_Q)
     for hc in range(0, gqa, cs):
         h = g * gqa + hc
-        for c in range(0, KT, 16):
-            _qk_q(sc, h * nctx64 + blk * KT + c, nctx64, kf, ko + c, qf, h * hd_k, hd_k, min(cs, gqa - hc), n64)
+        _qk_tiles(sc, h * nctx64 + b0 * KT, nctx64, kf, (g * nt + b0) * hd_k * KT, qf, h * hd_k, hd_k,
+                  min(cs, gqa - hc), n64, b1 - b0)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
     lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, into acc (float32
@@ -694,24 +707,25 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv):
             vo = (g * KT + l) * nt * hd_v + cb
             for hc in range(0, gqa, cs):
                 h = g * gqa + hc
-                _pv_q4(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
-                       0, _lane_steps(n_kv, l), min(cs, gqa - hc))
+                _pv_q(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
+                      0, _lane_steps(n_kv, l), min(cs, gqa - hc))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64):
-    """One row at position pos0 (out, q: [1, ...]) in three loops over independent items; prange
-    runs them in parallel in _decode_par, in order in _decode_ser."""
+    """One row at position pos0 (out, q: [1, ...]), in three loops over independent items."""
     gqa = n_head // n_head_kv
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     n_kv = pos0 + 1
     nblk = (n_kv + KT - 1) // KT
+    nqk = (nblk + QK_TILES - 1) // QK_TILES
     nctx64 = scd.shape[1]
     kf, vf, qf, scf, accf, orow = kc.ravel(), vc.ravel(), qd.ravel(), scd.ravel(), accd.ravel(), out[0]
     for i in range(n_head * hd_k):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
         qf[i] = _f16_round(q[0, i])
-    for it in prange(n_head_kv * nblk):
-        _decode_qk(scf, kf, qf, it // nblk, it % nblk, nt, gqa, hd_k, nctx64, n64)
+    for it in prange(n_head_kv * nqk):
+        b0 = (it % nqk) * QK_TILES
+        _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64)
     for h in prange(n_head):
         _softmax(scf, h * nctx64, n_kv, kq_scale)
     for it in prange(n_head_kv * 4):
@@ -721,16 +735,6 @@ def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n6
             reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
-def _decode_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64):
-    _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
-
-
-@njit(cache=True, error_model="numpy")
-def _decode_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64):
-    _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
-
-
 @njit(cache=True, error_model="numpy", inline="always")
 def _row_block(j, nrb):
     """Row block of the j-th item of a KV head: 0, nrb - 1, 1, nrb - 2, ... so that consecutive
@@ -738,7 +742,7 @@ def _row_block(j, nrb):
     return j // 2 if j % 2 == 0 else nrb - 1 - j // 2
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, g, b, rb,
                   qw, sc, acc, n64):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
@@ -762,10 +766,8 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
     cs = _chunk(nr, QK_MAX_Q)
     for r0 in range(0, nr, cs):
-        for blk in range((n_max + KT - 1) // KT):
-            ko = (g * nt + blk) * hd_k * KT
-            for c in range(0, KT, 16):
-                _qk_q(scf, r0 * nctx64 + blk * KT + c, nctx64, kf, ko + c, qwf, r0 * hd_k, hd_k, min(cs, nr - r0), n64)
+        _qk_tiles(scf, r0 * nctx64, nctx64, kf, g * nt * hd_k * KT, qwf, r0 * hd_k, hd_k, min(cs, nr - r0), n64,
+                  (n_max + KT - 1) // KT)
     for r in range(nr):
         _softmax(scf, r * nctx64, pos0 + t0 + r // gqa + 1, kq_scale)
     cs = _chunk(nr, PV_MAX_Q4)
@@ -776,15 +778,15 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
             vo = (g * KT + l) * nt * hd_v + cb
             m_all = _lane_steps(n_min, l)
             for r0 in range(0, nr, cs):
-                _pv_q4(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                       0, m_all, min(cs, nr - r0))
+                _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
+                      0, m_all, min(cs, nr - r0))
             for t in range(t0 + 1, t1):  # later rows: their steps past the first row's position
                 m_t = _lane_steps(pos0 + t + 1, l)
                 if m_t > m_all:
                     rt = (t - t0) * gqa
                     for r0 in range(rt, rt + gqa, cr):
-                        _pv_q4(accf, (r0 * KT + l) * ls, KT * ls, 0, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                               m_all, m_t, min(cr, rt + gqa - r0))
+                        _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 0, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
+                              m_all, m_t, min(cr, rt + gqa - r0))
         for r in range(nr):
             orow = out[t0 + r // gqa]
             o = (g * gqa + r % gqa) * hd_v + cb
@@ -792,8 +794,9 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
                 reduce64(accf, r * KT * ls + d, ls, orow, o + d)
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
-def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64):
+@njit(cache=True, error_model="numpy", inline="always")
+def _prefill(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64):
+    """N rows at positions pos0.., over independent (KV head, row block) items."""
     gqa = n_head // n_head_kv
     rb = max(1, QK_MAX_Q // gqa)
     nrb = (q.shape[0] + rb - 1) // rb
@@ -805,16 +808,26 @@ def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc,
                       _row_block(it % nrb, nrb), rb, qw[tid], sc[tid], acc[tid], n64)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
+    if q.shape[0] == 1:
+        qd, scd, accd = decode_ws
+        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
+    else:
+        qw, sc, acc = prefill_ws
+        _prefill(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _vector_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
+    """The vector kernels on a decode row (q: one row) or a prefill batch, loops in parallel."""
+    _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64)
+
+
 @njit(cache=True, error_model="numpy")
-def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64):
-    gqa = n_head // n_head_kv
-    rb = max(1, QK_MAX_Q // gqa)
-    nrb = (q.shape[0] + rb - 1) // rb
-    nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
-    kf, vf = kc.ravel(), vc.ravel()
-    for it in range(n_head_kv * nrb):
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw[0], sc[0], acc[0], n64)
+def _vector_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
+    """The same on the calling thread, items in order (for work too small to wake the others)."""
+    _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64)
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
@@ -868,24 +881,19 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
         return
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
-    n64 = head_dim_k // 64
-    if n == 1:
-        (_decode_par if par else _decode_ser)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, *ws.decode, n64)
-    else:
-        (_prefill_par if par else _prefill_ser)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, *ws.prefill, n64)
+    fn = _vector_par if par else _vector_ser
+    fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.prefill, ws.decode, head_dim_k // 64)
 
 
 def compile_parallel(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws):
-    """Run (so compile, or load from Numba's cache) the parallel kernels that attention_rows uses
-    for these head dims once, on a cache holding at least 2 positions (a warm-up: short forwards
-    take the serial ones)."""
+    """Run (so compile, or load from Numba's cache) the parallel kernel that attention_rows uses for
+    these head dims, on a decode row and a 2-row batch (a warm-up: short forwards take the serial
+    one). kc, vc: a layer's cache of at least 2 positions."""
     for n in (1, 2):
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
         scale = np.float32(kq_scale)
-        if not vector_kernels_apply(head_dim_k, head_dim_v):
-            _attention_par(out, q, kc, vc, 0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
-        elif n == 1:
-            _decode_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, *ws.decode, head_dim_k // 64)
+        if vector_kernels_apply(head_dim_k, head_dim_v):
+            _vector_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, ws.prefill, ws.decode, head_dim_k // 64)
         else:
-            _prefill_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, *ws.prefill, head_dim_k // 64)
+            _attention_par(out, q, kc, vc, 0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
