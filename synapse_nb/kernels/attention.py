@@ -226,6 +226,7 @@ _V16I = ir.VectorType(_I32, 16)
 # Measured on V chains read from DRAM: 17 GB/s without, 35 GB/s at 8 KiB (a plain read: ~52).
 PREFETCH_AHEAD = 4096
 PREFETCH_K = 4096
+QK_UNROLL = 2  # lane pairs per iteration of qk16's loop: about +10% on q.k over 1, as fast as all 8
 
 
 def _ptr(context, builder, aty, aval, elt):
@@ -320,25 +321,26 @@ def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
             pf = builder.gep(kp, [builder.add(kc0, builder.add(intp(PREFETCH_K), builder.mul(odd, intp(KT))))])
             for i in range(0, 64 * S, 2):
                 _prefetch(builder, builder.gep(pf, [intp(i * KT)]))
-            with cgutils.for_range(builder, intp(8)) as lp:
-                l = lp.index
+            def lane(l, d):  # lane l + d of every query, after all steps
+                acc = [zero] * R
+                for s in range(S):
+                    i = builder.add(l, intp(64 * s + d))
+                    k = _f16x16(builder, kp, builder.add(kc0, builder.mul(i, intp(KT))))
+                    acc = [_fma16(builder, k, _bcast16(builder, qb[r], i), acc[r]) for r in range(R)]
+                return acc
 
-                def lane(d):  # lane l + d of every query, after all steps
-                    acc = [zero] * R
-                    for s in range(S):
-                        i = builder.add(l, intp(64 * s + d))
-                        k = _f16x16(builder, kp, builder.add(kc0, builder.mul(i, intp(KT))))
-                        acc = [_fma16(builder, k, _bcast16(builder, qb[r], i), acc[r]) for r in range(R)]
-                    return acc
+            def first(l, d):  # r_{l+d} = (acc_{l+d} + acc_{32+l+d}) + (acc_{16+l+d} + acc_{48+l+d})
+                a, c = lane(l, d), lane(l, 32 + d)
+                b, e = lane(l, 16 + d), lane(l, 48 + d)
+                return [builder.fadd(builder.fadd(a[r], c[r]), builder.fadd(b[r], e[r])) for r in range(R)]
 
-                def first(d):  # r_{l+d} = (acc_{l+d} + acc_{32+l+d}) + (acc_{16+l+d} + acc_{48+l+d})
-                    a, c = lane(d), lane(32 + d)
-                    b, e = lane(16 + d), lane(48 + d)
-                    return [builder.fadd(builder.fadd(a[r], c[r]), builder.fadd(b[r], e[r])) for r in range(R)]
-
-                hi, lo = first(8), first(0)
-                for r in range(R):
-                    builder.store(builder.fadd(hi[r], lo[r]), builder.gep(stash, [builder.add(builder.mul(l, intp(R)), intp(r))]))
+            with cgutils.for_range(builder, intp(8 // QK_UNROLL)) as lp:
+                for u in range(QK_UNROLL):  # lanes l and 8 + l, QK_UNROLL values of l per iteration
+                    l = builder.add(builder.mul(lp.index, intp(QK_UNROLL)), intp(u))
+                    hi, lo = first(l, 8), first(l, 0)
+                    for r in range(R):
+                        dst = builder.gep(stash, [builder.add(builder.mul(l, intp(R)), intp(r))])
+                        builder.store(builder.fadd(hi[r], lo[r]), dst)
 
             def s_(l, r):
                 return builder.load(builder.gep(stash, [intp(l * R + r)]))
