@@ -139,7 +139,8 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
         A.attention_rows(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
         one = np.empty((1, n_head * hd), np.float32)  # a decode row: parallel over its heads
-        assert 1 * n_head * (pos + 3) * 2 * hd >= A.PARALLEL_MIN_WORK
+        vec = A.vector_kernels_apply(hd, hd)
+        assert 1 * n_head * (pos + 3) * 2 * hd >= (A.DECODE_PARALLEL_MIN_WORK if vec else A.PARALLEL_MIN_WORK)
         A.attention_rows(one, q[2:], kc, vc, pos + 2, n_head, n_head_kv, hd, hd, scale)
         assert np.array_equal(one[0].view(np.uint32), ref[2].view(np.uint32))
 

@@ -858,8 +858,10 @@ class Workspace:
 
 
 # Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
-# waking the others.
+# waking the others: once for the per-head kernel and a prefill batch, three times for a decode
+# row of the vector kernels (its three loops), which also does the work 3x faster.
 PARALLEL_MIN_WORK = 1 << 17
+DECODE_PARALLEL_MIN_WORK = 1 << 19
 
 
 def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws=None):
@@ -875,14 +877,14 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     """
     n = q.shape[0]
     work = n * n_head * (pos0 + n) * (head_dim_k + head_dim_v)
-    par = work >= PARALLEL_MIN_WORK
     scale = np.float32(kq_scale)
     if not vector_kernels_apply(head_dim_k, head_dim_v):
-        fn = _attention_par if par else _attention_ser
+        fn = _attention_par if work >= PARALLEL_MIN_WORK else _attention_ser
         fn(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
         return
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
+    par = work >= (DECODE_PARALLEL_MIN_WORK if n == 1 else PARALLEL_MIN_WORK)
     fn = _vector_par if par else _vector_ser
     fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.prefill, ws.decode, head_dim_k // 64)
 
