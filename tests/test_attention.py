@@ -200,3 +200,31 @@ def test_vector_softmax_paths_equal_per_lane_v_expf():
         _softmax_at(w, 0, n, np.float32(0.125))
         ref = _softmax_reference(sd, np.float32(0.125))
         assert np.array_equal(w[:n].view(np.uint32), ref.view(np.uint32))
+
+
+_FIRST_CALL = r"""
+import numpy as np
+from synapse_nb.kernels import attention as A
+nh, nkv, hd = 9, 3, 64
+ks, vs = A.kv_shapes(128, nkv, hd, hd)
+kc, vc = np.ones(ks, np.uint16), np.ones(vs, np.uint16)
+ws = A.Workspace(128, nh, nkv, hd, hd)
+for n in (1, 5):  # small work: the serial kernel, before any parallel region launched the threads
+    q = np.zeros((n, nh * hd), np.float32)
+    out = np.empty_like(q)
+    A.attention_rows(out, q, kc, vc, 3, nh, nkv, hd, hd, 0.125, ws)
+print("ok")
+"""
+
+
+def test_serial_kernel_from_the_cache_runs_as_a_process_first_kernel():
+    """A cached serial kernel must not need the threading layer: the second process loads what the
+    first compiled (get_thread_id in serial code crashed there: its symbol is registered only when
+    the threads launch)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=root, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -797,39 +797,45 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _prefill(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64):
-    """N rows at positions pos0.., over independent (KV head, row block) items."""
-    gqa = n_head // n_head_kv
-    rb = max(1, QK_MAX_Q // gqa)
-    nrb = (q.shape[0] + rb - 1) // rb
-    nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
-    kf, vf = kc.ravel(), vc.ravel()
-    for it in prange(n_head_kv * nrb):
-        tid = get_thread_id()  # scratch of this thread; results do not depend on which one
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw[tid], sc[tid], acc[tid], n64)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
-    if q.shape[0] == 1:
-        qd, scd, accd = decode_ws
-        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
-    else:
-        qw, sc, acc = prefill_ws
-        _prefill(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qw, sc, acc, n64)
+def _prefill_blocks(q, n_head, n_head_kv):
+    """(rows per block, blocks) of a prefill batch: up to QK_MAX_Q queries per (KV head, block)."""
+    rb = max(1, QK_MAX_Q // (n_head // n_head_kv))
+    return rb, (q.shape[0] + rb - 1) // rb
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _vector_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
     """The vector kernels on a decode row (q: one row) or a prefill batch, loops in parallel."""
-    _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64)
+    if q.shape[0] == 1:
+        qd, scd, accd = decode_ws
+        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
+        return
+    # prefill: independent (KV head, row block) items, each on its thread's scratch
+    qw, sc, acc = prefill_ws
+    rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
+    nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
+    kf, vf = kc.ravel(), vc.ravel()
+    for it in prange(n_head_kv * nrb):
+        tid = get_thread_id()  # results do not depend on which thread (scratch) it is
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+                      _row_block(it % nrb, nrb), rb, qw[tid], sc[tid], acc[tid], n64)
 
 
 @njit(cache=True, error_model="numpy")
 def _vector_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
-    """The same on the calling thread, items in order (for work too small to wake the others)."""
-    _vector(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64)
+    """The same on the calling thread, items in order (for work too small to wake the others).
+    (No get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
+    if q.shape[0] == 1:
+        qd, scd, accd = decode_ws
+        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
+        return
+    qw, sc, acc = prefill_ws
+    rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
+    nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
+    kf, vf = kc.ravel(), vc.ravel()
+    for it in range(n_head_kv * nrb):
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+                      _row_block(it % nrb, nrb), rb, qw[0], sc[0], acc[0], n64)
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
