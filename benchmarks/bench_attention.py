@@ -124,7 +124,7 @@ def main():
                       f"{macs / t_new / 1e9:5.1f} GMAC/s); per-head {t_old * 1e6:8.1f} µs ({t_old / t_new:.2f}x)  {load()}",
                       flush=True)
                 if n == 1 and not a.no_phases:
-                    qd, scd, accd = ws.decode
+                    qd, scd, accd = ws.decode  # views of ws.buf
                     tq = best(lambda: [_phase_qk(kc, pos, nh, nkv, qd, scd) for kc, vc in caches], reps) / len(caches)
                     ts = best(lambda: [_phase_softmax(pos, nh, scd, scale) for _ in caches], reps) / len(caches)
                     scd[:] = 1e-3

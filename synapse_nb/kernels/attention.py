@@ -796,6 +796,39 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
                 reduce64(accf, r * KT * ls + d, ls, orow, o + d)
 
 
+def _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64):
+    """float32 counts of the workspace: (decode part, prefill part of one thread, queries R of one
+    prefill item). Decode: q [n_head, hd_k], scores [n_head, nctx64], p.V lanes [n_head, 64, hd_v];
+    prefill, per thread: q [R, hd_k], scores [R, nctx64], p.V lanes [R, 64, 64]."""
+    gqa = n_head // n_head_kv
+    R = max(1, QK_MAX_Q // gqa) * gqa
+    return n_head * (head_dim_k + nctx64 + KT * head_dim_v), R * (head_dim_k + nctx64 + KT * 64), R
+
+
+_ws_sizes_nb = njit(cache=True, error_model="numpy", inline="always")(_ws_sizes)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _ws_decode(ws, n_head, kc, vc):
+    """Views of Workspace.buf for a decode row: qd [n_head, hd_k], scd [n_head, nctx64], accd
+    [n_head, 64, hd_v] (one buffer, so that a call unboxes one array)."""
+    hd_k, hd_v, nctx64 = kc.shape[2], vc.shape[3], kc.shape[1] * KT
+    o1, o2 = n_head * hd_k, n_head * (hd_k + nctx64)
+    return (ws[:o1].reshape((n_head, hd_k)), ws[o1:o2].reshape((n_head, nctx64)),
+            ws[o2:o2 + n_head * KT * hd_v].reshape((n_head, KT, hd_v)))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _ws_thread(ws, tid, n_head, n_head_kv, kc, vc):
+    """Views of Workspace.buf for prefill thread tid: qw [R, hd_k], sc [R, nctx64], acc [R, 64, 64]."""
+    hd_k, hd_v, nctx64 = kc.shape[2], vc.shape[3], kc.shape[1] * KT
+    nd, npt, R = _ws_sizes_nb(n_head, n_head_kv, hd_k, hd_v, nctx64)
+    o0 = nd + tid * npt
+    o1, o2 = o0 + R * hd_k, o0 + R * (hd_k + nctx64)
+    return (ws[o0:o1].reshape((R, hd_k)), ws[o1:o2].reshape((R, nctx64)),
+            ws[o2:o0 + npt].reshape((R, KT, 64)))
+
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _prefill_blocks(q, n_head, n_head_kv):
     """(rows per block, blocks) of a prefill batch: up to QK_MAX_Q queries per (KV head, block)."""
@@ -804,38 +837,39 @@ def _prefill_blocks(q, n_head, n_head_kv):
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _vector_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
-    """The vector kernels on a decode row (q: one row) or a prefill batch, loops in parallel."""
+def _vector_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64):
+    """The vector kernels on a decode row (q: one row) or a prefill batch, loops in parallel;
+    ws: Workspace.buf."""
     if q.shape[0] == 1:
-        qd, scd, accd = decode_ws
+        qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
         _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
         return
     # prefill: independent (KV head, row block) items, each on its thread's scratch
-    qw, sc, acc = prefill_ws
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in prange(n_head_kv * nrb):
-        tid = get_thread_id()  # results do not depend on which thread (scratch) it is
+        # scratch of this thread (results do not depend on which thread it is)
+        qw, sc, acc = _ws_thread(ws, get_thread_id(), n_head, n_head_kv, kc, vc)
         _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw[tid], sc[tid], acc[tid], n64)
+                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64)
 
 
 @njit(cache=True, error_model="numpy")
-def _vector_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, prefill_ws, decode_ws, n64):
+def _vector_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64):
     """The same on the calling thread, items in order (for work too small to wake the others).
     (No get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
     if q.shape[0] == 1:
-        qd, scd, accd = decode_ws
+        qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
         _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
         return
-    qw, sc, acc = prefill_ws
+    qw, sc, acc = _ws_thread(ws, 0, n_head, n_head_kv, kc, vc)
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in range(n_head_kv * nrb):
         _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw[0], sc[0], acc[0], n64)
+                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64)
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
@@ -845,22 +879,27 @@ def vector_kernels_apply(head_dim_k, head_dim_v):
 
 class Workspace:
     """Scratch of the vector kernels for n_ctx positions (ForwardState holds one, so nothing is
-    allocated per call): per Numba thread for prefill blocks, per query head for decode rows.
-    All float32; a few hundred KiB for the models we run."""
+    allocated per call): one float32 buffer, buf, holding a decode row's arrays and, per Numba
+    thread, a prefill item's (_ws_sizes); a few hundred KiB for the models we run. decode and
+    prefill(tid) are views of buf, for tests and benchmarks."""
 
     def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
         import numba
 
         T = numba.config.NUMBA_NUM_THREADS  # get_thread_id() < this
         nctx64 = (n_ctx + KT - 1) // KT * KT
-        gqa = n_head // n_head_kv
-        R = max(1, QK_MAX_Q // gqa) * gqa  # queries of one prefill item
-        f32 = np.float32
+        nd, npt, _ = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
+        self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
-        self.prefill = (np.empty((T, R, head_dim_k), f32), np.empty((T, R, nctx64), f32),
-                        np.empty((T, R, KT, 64), f32))
-        self.decode = (np.empty((n_head, head_dim_k), f32), np.empty((n_head, nctx64), f32),
-                       np.empty((n_head, KT, head_dim_v), f32))
+        self.buf = np.zeros(nd + T * npt, np.float32)
+
+    @property
+    def decode(self):
+        """(qd [n_head, hd_k], scd [n_head, nctx64], accd [n_head, 64, hd_v]), views of buf."""
+        n_head, hd_k, hd_v, nctx64, nd, _ = self._dims
+        o1, o2 = n_head * hd_k, n_head * (hd_k + nctx64)
+        b = self.buf
+        return (b[:o1].reshape(n_head, hd_k), b[o1:o2].reshape(n_head, nctx64), b[o2:nd].reshape(n_head, KT, hd_v))
 
 
 # Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
@@ -892,7 +931,7 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
     par = work >= (DECODE_PARALLEL_MIN_WORK if n == 1 else PARALLEL_MIN_WORK)
     fn = _vector_par if par else _vector_ser
-    fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.prefill, ws.decode, head_dim_k // 64)
+    fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, head_dim_k // 64)
 
 
 def compile_parallel(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws):
@@ -904,6 +943,6 @@ def compile_parallel(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale
         q = np.zeros((n, n_head * head_dim_k), np.float32)
         scale = np.float32(kq_scale)
         if vector_kernels_apply(head_dim_k, head_dim_v):
-            _vector_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, ws.prefill, ws.decode, head_dim_k // 64)
+            _vector_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, ws.buf, head_dim_k // 64)
         else:
             _attention_par(out, q, kc, vc, 0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
