@@ -217,7 +217,7 @@ class Model:
                     pos_q = n_past + n - 1
             # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
             _attn.attention_rows(attn, q, cache.k[il], cache.v[il], pos_q, hp.n_head, hp.n_head_kv,
-                                 hp.head_dim_k, hp.head_dim_v, self._kq_scale)
+                                 hp.head_dim_k, hp.head_dim_v, self._kq_scale, st.attn_ws)
             # Output projection (+ bias)
             L.wo.matmul(attn, o)
             if L.bo is not None:

@@ -39,20 +39,20 @@ class KVCache:
     """The F16 KV cache of a session, in llama.cpp's bytes: every entry rounded to F16 as
     llama.cpp's cache stores it, kept as F16 bits.
 
-    k: uint16 [n_layer, ceil(n_ctx / 64), n_head_kv * head_dim_k, 64]: K in tiles of 64 positions
-    (position p of layer il at k[il, p // 64, :, p % 64]), the layout the q.k loops want;
-    v: uint16 [n_layer, n_ctx, n_head_kv * head_dim_v], as llama.cpp's V. n_layer x n_ctx x
-    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64 for K), zero-initialised like
-    llama.cpp's buffer clear, committed page by page as positions are written (_lazy_zeros).
+    k: uint16 [n_layer, n_head_kv, ceil(n_ctx / 64), head_dim_k, 64]: per KV head, K in tiles of 64
+    positions (position p, dim i of head g at k[il, g, p // 64, i, p % 64]);
+    v: uint16 [n_layer, n_head_kv, 64, ceil(n_ctx / 64), head_dim_v]: per KV head, the positions
+    p = 64 m + l in order of (l, m) (channel c at v[il, g, p % 64, p // 64, c]): the layouts the
+    attention kernels read as sequential streams (synapse_nb.kernels.attention). n_layer x n_ctx x
+    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64), zero-initialised like llama.cpp's
+    buffer clear, committed page by page as positions are written (_lazy_zeros).
     """
 
     def __init__(self, hp: HParams, n_ctx: int):
-        from .kernels.attention import KT
-
         self.n_ctx = n_ctx
-        n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
-        self.k = _lazy_zeros((hp.n_layer, (n_ctx + KT - 1) // KT, n_embd_k, KT), np.uint16)
-        self.v = _lazy_zeros((hp.n_layer, n_ctx, n_embd_v), np.uint16)
+        ks, vs = _attn.kv_shapes(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
+        self.k = _lazy_zeros((hp.n_layer, *ks), np.uint16)
+        self.v = _lazy_zeros((hp.n_layer, *vs), np.uint16)
 
     @staticmethod
     def nbytes(hp: HParams, n_ctx: int) -> int:
@@ -61,18 +61,24 @@ class KVCache:
 
     def k_rows(self, il: int, n: int) -> np.ndarray:
         """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy)."""
-        kt = self.k[il]
-        return np.ascontiguousarray(kt.transpose(0, 2, 1).reshape(-1, kt.shape[1])[:n])
+        kt = self.k[il]  # [g, tile, i, j] -> [tile, j, g, i]
+        return np.ascontiguousarray(kt.transpose(1, 3, 0, 2).reshape(kt.shape[1] * kt.shape[3], -1)[:n])
 
     def v_rows(self, il: int, n: int) -> np.ndarray:
-        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a view)."""
-        return self.v[il, :n]
+        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a copy)."""
+        vt = self.v[il]  # [g, l, m, c] -> [m, l, g, c]
+        return np.ascontiguousarray(vt.transpose(2, 1, 0, 3).reshape(vt.shape[1] * vt.shape[2], -1)[:n])
+
+    def v_entry(self, il: int, p: int, c: int) -> tuple:
+        """Index into v of layer il, position p, channel c of n_embd_v (e.g. for a test's write)."""
+        hd = self.v.shape[4]
+        return (il, c // hd, p % 64, p // 64, c % hd)
 
 
 class ForwardState:
     """Activation buffers for batches of up to n_batch tokens, allocated once per session."""
 
-    def __init__(self, hp: HParams, n_batch: int):
+    def __init__(self, hp: HParams, n_batch: int, n_ctx: int):
         n, E, F = n_batch, hp.n_embd, hp.n_ff
         self.n_batch = n_batch
         self.x = np.empty((n, E), np.float32)  # residual stream
@@ -87,6 +93,8 @@ class ForwardState:
         self.act = np.empty((n, F), np.float32)  # silu(gate) * up
         self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
         self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
+        # scratch of the attention kernels for n_ctx positions
+        self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
 
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
@@ -159,7 +167,7 @@ class Session:
         except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
             raise SynapseError(f"n_ctx {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): {e}; "
                                f"use a smaller context (-c/--ctx-size)") from None
-        self.state = ForwardState(hp, self.n_batch)
+        self.state = ForwardState(hp, self.n_batch, self.n_ctx)
         self._n_past = 0
 
     def check_prompt(self, n_tokens: int) -> None:
@@ -351,14 +359,12 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         batched, single, par_attn = _run_needs(hp, n_prompt, n_predict, n_batch,
                                                default_n_ctx(hp) if n_ctx is None else n_ctx)
     s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
-    out = np.empty((1, hp.n_head * hp.head_dim_v), np.float32)
-    q = np.zeros((1, hp.n_head * hp.head_dim_k), np.float32)
     steps = [
         ("batched forward (parallel kernels)", lambda: s.eval([0, 0])) if batched else None,
         ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
-        ("parallel attention", lambda: _attn._attention_par(
-            out, q, s.cache.k[0], s.cache.v[0], 0, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-            hp.head_dim_v, model._kq_scale)) if par_attn else None,
+        ("parallel attention", lambda: _attn.compile_parallel(
+            s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+            model._kq_scale, s.state.attn_ws)) if par_attn else None,
     ]
     steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):

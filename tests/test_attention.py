@@ -1,17 +1,18 @@
 """Attention kernels over the F16 KV cache (synapse_nb.kernels.attention).
 
 The graph tests (test_graph.py: bit-exact against llama.cpp's goldens) and the prefill checks
-(test_session.py) cover the kernels end to end; here: the cache's bytes and tiling, the
+(test_session.py) cover the kernels end to end; here: the cache's bytes and layout, the
 vectorizable exp against ggml_v_expf's transcription (ops.v_expf), the softmax against a scalar
-transcription of ggml_compute_forward_soft_max_f32 (including lanes off exp's common path), and
-the parallel kernel (one decode row split over heads) against the serial one at 1 and 2 threads.
-"""
+transcription of ggml_compute_forward_soft_max_f32 (including lanes off exp's common path), the
+parallel per-head kernel against the serial one at 1 and 2 threads, and the vector kernels
+(decode and prefill, every split, serial and parallel) against the per-head kernel."""
 
 from pathlib import Path
 
 import numba
 import numpy as np
 import pytest
+from numba import njit
 
 from synapse_nb.kernels import attention as A
 from synapse_nb.kernels.common import reduce_add_16
@@ -30,21 +31,27 @@ def threads():
     numba.set_num_threads(before)
 
 
-def test_kv_cache_has_llama_cpp_bytes_and_tiles_k():
+def test_kv_cache_has_llama_cpp_bytes_and_its_layout():
     m = load_model(TINY / "tiny-llama-hd128-q4_k_m.gguf")
     hp = m.hparams
     c = KVCache(hp, 4096)
     n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
     assert c.k.dtype == np.uint16 and c.v.dtype == np.uint16
     assert c.k.nbytes + c.v.nbytes == hp.n_layer * 4096 * (n_embd_k + n_embd_v) * 2
+    m = load_model(TINY / "tiny-llama-q4_0.gguf")  # two KV heads
+    hp = m.hparams
+    hd_k, hd_v = hp.head_dim_k, hp.head_dim_v
     s = Session(m, n_ctx=200)
     s.eval([1] + list(range(3, 140)))
-    k = s.cache.k_rows(1, 138)
-    assert k.shape == (138, n_embd_k)
-    for p in (0, 63, 64, 137):  # position p of layer il lives at k[il, p // 64, :, p % 64]
-        assert np.array_equal(k[p], s.cache.k[1, p // 64, :, p % 64])
-    assert np.array_equal(s.cache.v_rows(1, 138), s.cache.v[1, :138])
-    assert k.any() and not s.cache.k_rows(1, 200)[138:].any()  # written positions only
+    k, v = s.cache.k_rows(1, 138), s.cache.v_rows(1, 138)
+    assert k.shape == (138, hp.n_head_kv * hd_k) and v.shape == (138, hp.n_head_kv * hd_v)
+    for p in (0, 63, 64, 137):  # K tiles: k[il, g, p // 64, i, p % 64]; V lanes: v[il, g, p % 64, p // 64, c]
+        for g in range(hp.n_head_kv):
+            assert np.array_equal(k[p, g * hd_k:(g + 1) * hd_k], s.cache.k[1, g, p // 64, :, p % 64])
+            assert np.array_equal(v[p, g * hd_v:(g + 1) * hd_v], s.cache.v[1, g, p % 64, p // 64])
+            assert s.cache.v[s.cache.v_entry(1, p, g * hd_v + 5)] == v[p, g * hd_v + 5]
+    assert k.any() and v.any()
+    assert not s.cache.k_rows(1, 200)[138:].any() and not s.cache.v_rows(1, 200)[138:].any()  # written only
 
 
 def test_v_expf_normal_equals_v_expf_on_its_path():
@@ -70,7 +77,7 @@ def test_v_expf_normal_equals_v_expf_on_its_path():
 
 def _softmax_reference(sd, scale):
     """ggml_compute_forward_soft_max_f32 (zero mask) then the F16 rounding, one scalar at a time."""
-    s = (sd.astype(np.float32) * scale).astype(np.float32)
+    s = (sd * scale).astype(np.float32)
     mx = s.max()
     e = np.array([v_expf(np.float32(x - mx)) for x in s], np.float32)
     n16 = (len(e) + 15) // 16 * 16
@@ -93,20 +100,32 @@ def test_softmax_equals_scalar_transcription(n_kv):
         xs = (sd * 0.125).astype(np.float32) - np.float32(sd[3] * 0.125)
         assert not any(v_expf_normal(np.float32(x))[1] for x in xs[xs < 0])
         assert 0 < v_expf(np.float32(xs[5])) < np.finfo(np.float32).tiny
+    sd = sd.astype(np.float32)  # the scores as q.k leaves them
     n16 = (n_kv + 15) // 16 * 16
-    w, pr = np.empty(n16, np.float32), np.empty(n16, np.float32)
-    A._softmax(w, pr, sd, n_kv, np.float32(0.125), np.empty(16, np.float32))
+    w = np.full(n16 + 16, np.nan, np.float32)  # beyond n_kv: never read
+    w[3:3 + n_kv] = sd
+    _softmax_at(w, 3, n_kv, np.float32(0.125))
     ref = _softmax_reference(sd, np.float32(0.125))
-    assert np.array_equal(w[:n_kv].view(np.uint32), ref.view(np.uint32))
+    assert np.array_equal(w[3:3 + n_kv].view(np.uint32), ref.view(np.uint32))
+
+
+@njit
+def _softmax_at(w, off, n, scale):
+    A._softmax(w, off, n, scale)
+
+
+def _random_cache(rng, n_ctx, n_head_kv, hd):
+    ks, vs = A.kv_shapes(n_ctx, n_head_kv, hd, hd)
+    kc = rng.standard_normal(ks).astype(np.float16).view(np.uint16)
+    vc = rng.standard_normal(vs).astype(np.float16).view(np.uint16)
+    return kc, vc
 
 
 @pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (4, 1, 128), (14, 2, 64), (4, 2, 40)])
 def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_head_kv, hd):
     rng = np.random.default_rng(hd)
     n_ctx, pos = 1024, 900
-    ek, ev = n_head_kv * hd, n_head_kv * hd
-    kc = rng.standard_normal((n_ctx // 64, ek, 64)).astype(np.float16).view(np.uint16)
-    vc = rng.standard_normal((n_ctx, ev)).astype(np.float16).view(np.uint16)
+    kc, vc = _random_cache(rng, n_ctx, n_head_kv, hd)
     scale = np.float32(1 / np.sqrt(hd))
     q = rng.standard_normal((3, n_head * hd)).astype(np.float32)
     ref = np.empty((3, n_head * hd), np.float32)
@@ -116,7 +135,95 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
         out = np.empty_like(ref)
         A._attention_par(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+        out = np.empty_like(ref)
+        A.attention_rows(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
         one = np.empty((1, n_head * hd), np.float32)  # a decode row: parallel over its heads
-        assert 1 * n_head * (pos + 3) * 2 * hd >= A.PARALLEL_MIN_WORK
+        vec = A.vector_kernels_apply(hd, hd)
+        assert 1 * n_head * (pos + 3) * 2 * hd >= (A.DECODE_PARALLEL_MIN_WORK if vec else A.PARALLEL_MIN_WORK)
         A.attention_rows(one, q[2:], kc, vc, pos + 2, n_head, n_head_kv, hd, hd, scale)
         assert np.array_equal(one[0].view(np.uint32), ref[2].view(np.uint32))
+
+
+# Shapes: SmolLM2 (9/3), Qwen2.5 (14/2), tiny hd128 (4/1), no GQA (4/4), 16 query heads on one KV
+# head (more than one q.k / p.V chunk), 6/2 at hd 128 (two 64-channel p.V blocks).
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (14, 2, 64), (4, 1, 128), (4, 4, 64), (16, 1, 64),
+                                                 (6, 2, 128)])
+def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n_head_kv, hd):
+    """The vector kernels against the per-head kernel, bit for bit: decode rows (three parallel
+    loops) and prefill blocks of every size, at positions and batch lengths crossing the 64-position
+    tiles, at 1 and 2 threads, serial and parallel drivers, and a row of a batch equal to the
+    same row alone."""
+    assert A.vector_kernels_apply(hd, hd)
+    rng = np.random.default_rng(n_head * hd)
+    n_ctx = 448
+    kc, vc = _random_cache(rng, n_ctx, n_head_kv, hd)
+    scale = np.float32(1 / np.sqrt(hd))
+    ws = A.Workspace(n_ctx, n_head, n_head_kv, hd, hd)
+    n64 = hd // 64
+    cases = [(0, 1), (62, 1), (63, 1), (64, 1), (299, 1), (0, 2), (0, 63), (0, 64), (1, 64), (62, 3), (63, 65 - 63),
+             (200, 65), (236, 64), (300, 1), (383, 65)]
+    for pos0, n in cases:
+        q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+        ref = np.empty((n, n_head * hd), np.float32)
+        A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale)
+        for nt in (1, 2):
+            numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+            for fn in (A._vector_ser, A._vector_par):  # items in order, or split over the threads
+                out = np.full_like(ref, np.nan)
+                fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n64)
+                assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, fn.__name__)
+            if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
+                two = np.full((2, n_head * hd), np.nan, np.float32)
+                A._vector_par(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale, ws.buf, n64)
+                assert np.array_equal(two[1].view(np.uint32), ref[0].view(np.uint32)), (pos0, nt)
+            out = np.full_like(ref, np.nan)
+            A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws)
+            assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt)
+        t = n - 1  # the batch's last row, alone as a decode row
+        one = np.full((1, n_head * hd), np.nan, np.float32)
+        A.attention_rows(one, q[t:], kc, vc, pos0 + t, n_head, n_head_kv, hd, hd, scale, ws)
+        assert np.array_equal(one[0].view(np.uint32), ref[t].view(np.uint32))
+
+
+def test_vector_softmax_paths_equal_per_lane_v_expf():
+    """Scores whose exp leaves v_expf's common path (underflow to subnormals and to 0) in some
+    lanes of a 16-lane chunk: the vector softmax takes v_expf's own branches for those lanes."""
+    rng = np.random.default_rng(5)
+    for n in (1, 16, 17, 40, 300):
+        sd = (rng.standard_normal(n) * 30).astype(np.float32)
+        sd[0] = 900.0  # scaled by 0.125: other lanes 100+ below the max
+        sd[n // 2] = 900.0 - 8 * 95  # exp(-95): n = -137, a subnormal (the double scaling)
+        w = np.zeros((n + 15) // 16 * 16, np.float32)
+        w[:n] = sd
+        _softmax_at(w, 0, n, np.float32(0.125))
+        ref = _softmax_reference(sd, np.float32(0.125))
+        assert np.array_equal(w[:n].view(np.uint32), ref.view(np.uint32))
+
+
+_FIRST_CALL = r"""
+import numpy as np
+from synapse_nb.kernels import attention as A
+nh, nkv, hd = 9, 3, 64
+ks, vs = A.kv_shapes(128, nkv, hd, hd)
+kc, vc = np.ones(ks, np.uint16), np.ones(vs, np.uint16)
+ws = A.Workspace(128, nh, nkv, hd, hd)
+for n in (1, 5):  # small work: the serial kernel, before any parallel region launched the threads
+    q = np.zeros((n, nh * hd), np.float32)
+    out = np.empty_like(q)
+    A.attention_rows(out, q, kc, vc, 3, nh, nkv, hd, hd, 0.125, ws)
+print("ok")
+"""
+
+
+def test_serial_kernel_from_the_cache_runs_as_a_process_first_kernel():
+    """A cached serial kernel must not need the threading layer: the second process loads what the
+    first compiled (get_thread_id in serial code crashed there: its symbol is registered only when
+    the threads launch)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=root, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
