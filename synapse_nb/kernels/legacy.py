@@ -35,10 +35,10 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     by the latency of its fma chain and by scalar F16 work; four rows share the scalar work in
     vector ops (4 F16 scales converted and multiplied at once), run two rows per 16-lane vpdpbusd
     and overlap four accumulator chains, and prefetch the rows ahead (make_block4_dot).
-  * rows_dot4_T(y, m, w, a): y[:, m..m+3] for all activation rows (prefill): vec_dot4's block
-    operation for each activation row, the weight side of a block computed once for all of them.
-    rows_dot8_T does eight weight rows, two block operations per activation row sharing its loads
-    and conversions (Q5_0 matmul 1.12-1.17x over rows_dot4, 1 thread, same-minute pairs).
+  * rows_dot8_T(y, m, w, a): y[:, m..m+7] for all activation rows (prefill): vec_dot4's block
+    operation twice for each activation row, sharing its loads and conversions, the weight side of
+    a block computed once for all of them (Q5_0 matmul 1.12-1.17x over one 4-row operation per
+    activation row, 1 thread, same-minute pairs). IQ4_NL has rows_dot4 (its even / odd sets).
 """
 
 import numpy as np
@@ -239,37 +239,13 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
             y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))  #-
 '''
 
-_ROWS_DOT4 = '''
-@njit(cache=True, error_model="numpy")
-def rows_dot4_{w}_{a}(y, m, w, a):
-    """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 4 and every row n of a (bit for bit):
-    vec_dot4's block operation (_blk4m_{w}: without the prefetch) for each activation row, the
-    weight side of each block computed once for all of them."""
-    nb = w.shape[1] // {WB}
-    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
-    accs = stack_f32(2048)
-    sums = stack_f32(512)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc16_zero(ptr_offset(accs, 32 * n))
-            acc16_zero(ptr_offset(accs, 32 * n + 16))
-            acc8_zero(ptr_offset(sums, 8 * n))
-        for b in range(nb):
-            for n in range(ng):
-                _blk4m_{w}(ptr_offset(accs, 32 * n), ptr_offset(accs, 32 * n + 16), ptr_offset(sums, 8 * n),
-                           w0, w1, w2, w3, b * {WB}, a[g + n], b * {AB})
-        for n in range(ng):
-            for r in range(4):
-                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2) + acc8_lane(ptr_offset(sums, 8 * n), 2 * r + 1)  #M
-                y[g + n, m + r] = acc16_hsum(ptr_offset(accs, 32 * n + 16 * (r // 2)), r % 2)  #-
-'''
-
 _ROWS_DOT8 = '''
 @njit(cache=True, error_model="numpy")
 def rows_dot8_{w}_{a}(y, m, w, a):
-    """rows_dot4_{w}_{a} for eight weight rows m .. m + 7: two block operations per activation row
-    and block, which share the activation's loads and conversions (bit for bit the same outputs)."""
+    """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 8 and every row n of a (bit for bit):
+    vec_dot4's block operation (_blk4m_{w}: without the prefetch) twice per activation row and
+    block, on rows m..m+3 and m+4..m+7, sharing the activation's loads and conversions; the weight
+    side of each block is computed once for all activation rows."""
     nb = w.shape[1] // {WB}
     w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
     w4, w5, w6, w7 = w[m + 4], w[m + 5], w[m + 6], w[m + 7]
@@ -342,7 +318,6 @@ for _fmt in _BLOCK_FORMATS:
         _define(_VEC_DOT, _fmt)
         _define(_ROWS_DOT, _fmt)
         _define(_VEC_DOT4, _fmt)
-        _define(_ROWS_DOT4, _fmt)
         _define(_ROWS_DOT8, _fmt)
 
 

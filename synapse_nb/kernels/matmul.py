@@ -21,8 +21,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   no state between calls. All slices passed in are C-contiguous 1-D.
   K-quants (kquants.py): ``vec_dot_q2_K_q8_K`` ... ``vec_dot_q6_K_q8_K``, ``vec_dot_iq4_xs_q8_K``
   with the scratch argument above, their ``rows_dot_*_q8_K`` and ``vec_dot4_*_q8_K`` twins,
-  ``dequantize_row_q2_K`` ...
-  ``dequantize_row_iq4_xs``, and
+  ``dequantize_row_q2_K`` ... ``dequantize_row_iq4_xs``, and
   ``quantize_row_q8_K(out, x)`` (292 bytes per 256 values: f32 d, int8 qs[256], int16 bsums[16]).
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
   unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
@@ -41,10 +40,11 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   (formats.BlockFormat.rows_dot_name); its driver then calls it for N > 1 instead of the
   per-pair loop.
 * Several weight rows per call, found by name like rows_dot: ``vec_dot4_T(y1, m, w, a_row)``
-  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot4_T(y, m, w, a)`` (y[:, m + r]
-  for r < 4, all activation rows: N > 1), again with vec_dot_T's operations per output; the
-  driver takes them for whole groups of rows in a chunk and the single-row functions for the rest
-  (the template formats of legacy.py have both; IQ4_NL too; the K-quants have vec_dot4).
+  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot8_T`` / ``rows_dot4_T(y, m, w,
+  a)`` (y[:, m + r] for r < 8 / 4, all activation rows: N > 1), again with vec_dot_T's operations
+  per output; the driver takes them for whole groups of rows in a chunk, widest first, and the
+  single-row functions for the rest (_row_groups). The template formats of legacy.py have
+  vec_dot4 and rows_dot8, IQ4_NL vec_dot4 and rows_dot4, the K-quants vec_dot4.
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
@@ -99,40 +99,20 @@ _MM = _DECORATOR + """def {name}(y, w, a, n_scratch):
         if a.shape[0] == 1:
 {one}        else:
 {many}"""
-_MM_ONE_PAIRS = """            for m in range(m0, m1):
-                y[0, m] = {mod}.{dot}(w[m], a[0], scratch)
-"""
-_MM_ONE_DOT4 = """            m = m0
-            while m + 4 <= m1:
-                {mod}.{dot4}(y[0], m, w, a[0])
-                m += 4
-            for r in range(m, m1):
-                y[0, r] = {mod}.{dot}(w[r], a[0], scratch)
-"""
 _MM_PAIRS = """            for m in range(m0, m1):
                 for n in range(a.shape[0]):
                     y[n, m] = {mod}.{dot}(w[m], a[n], scratch)
 """
-_MM_ROWS = """            for m in range(m0, m1):
-                {mod}.{rows}(y, m, w[m], a)
-"""
-_MM_ROWS8 = """            m = m0
-            while m + 8 <= m1:
-                {mod}.{rows8}(y, m, w, a)
-                m += 8
-            while m + 4 <= m1:
-                {mod}.{rows4}(y, m, w, a)
-                m += 4
-            for r in range(m, m1):
-                {mod}.{rows}(y, r, w[r], a)
-"""
-_MM_ROWS4 = """            m = m0
-            while m + 4 <= m1:
-                {mod}.{rows4}(y, m, w, a)
-                m += 4
-            for r in range(m, m1):
-                {mod}.{rows}(y, r, w[r], a)
-"""
+
+
+def _row_groups(groups, single):
+    """Driver source for the rows m0..m1 of a chunk: whole groups of each (width, call) in groups,
+    widest first, then the rows left one by one by ``single`` (calls written with m, resp. r)."""
+    src = "            m = m0\n"
+    for width, call in groups:
+        src += f"            while m + {width} <= m1:\n                {call}\n                m += {width}\n"
+    return src + f"            for r in range(m, m1):\n                {single}\n"
+
 
 # Row dequantizer (get_rows / dequantize): out[i] = dequantize(w[ids[i]]).
 _DEQ = _DECORATOR + """def {name}(out, w, ids):
@@ -159,19 +139,20 @@ def _build_tables():
         act1_drivers[fmt.name] = globals()[f"_act1_{fmt.stem}"]
     for fmt in _F.weight_formats():
         mod = fmt.kernels
-        rows = fmt.rows_dot_name()
-        for fn in (fmt.vec_dot_name(), f"dequantize_row_{fmt.stem}"):
-            if not hasattr(mods[mod], fn):  # a format registered without its row functions
+        m_ = mods[mod]
+        dot, dot4, rows = fmt.vec_dot_name(), fmt.vec_dot4_name(), fmt.rows_dot_name()
+        for fn in (dot, f"dequantize_row_{fmt.stem}"):
+            if not hasattr(m_, fn):  # a format registered without its row functions
                 raise ImportError(f"synapse_nb.kernels.{mod} has no {fn} (formats.{fmt.name}.kernels)")
-        names = dict(mod=mod, dot=fmt.vec_dot_name(), rows=rows, dot4=fmt.vec_dot4_name())
-        one = _MM_ONE_DOT4 if hasattr(mods[mod], names["dot4"]) else _MM_ONE_PAIRS
-        names["rows4"] = rows.replace("rows_dot_", "rows_dot4_", 1)
-        names["rows8"] = rows.replace("rows_dot_", "rows_dot8_", 1)
-        many = _MM_PAIRS
-        if hasattr(mods[mod], rows):
-            many = next((t for t, f in ((_MM_ROWS8, "rows8"), (_MM_ROWS4, "rows4")) if hasattr(mods[mod], names[f])),
-                        _MM_ROWS)
-        _define(_MM.format(name=f"_mm_{fmt.stem}", one=one.format(**names), many=many.format(**names)))
+        one = _row_groups([(4, f"{mod}.{dot4}(y[0], m, w, a[0])")] if hasattr(m_, dot4) else [],
+                          f"y[0, r] = {mod}.{dot}(w[r], a[0], scratch)")
+        if hasattr(m_, rows):
+            wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4)]
+            many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
+                               f"{mod}.{rows}(y, r, w[r], a)")
+        else:
+            many = _MM_PAIRS.format(mod=mod, dot=dot)
+        _define(_MM.format(name=f"_mm_{fmt.stem}", one=one, many=many))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
                              globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
