@@ -802,7 +802,11 @@ def acc8_add(context, builder, sig, args):
 def acc8_hsum(context, builder, sig, args):
     """hsum_float_8 of acc[0:8] in ggml's order: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
     v = builder.load(_acc8(builder, args[0]), align=4)
-    a = [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)]
+    return _ir_hsum8(builder, [builder.extract_element(v, ir.Constant(_I32, i)) for i in range(8)])
+
+
+def _ir_hsum8(builder, a):
+    """ggml's hsum_float_8 of 8 float values: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))."""
     r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
     r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
     return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
@@ -829,10 +833,7 @@ def acc16_hsum(context, builder, sig, args):
     """hsum_float_8 (ggml's order, as acc8_hsum) of lanes 8*half .. 8*half+7 of acc[0:16]."""
     v = builder.load(builder.bitcast(args[0], _V16F.as_pointer()), align=4)
     base = builder.mul(builder.trunc(args[1], _I32), ir.Constant(_I32, 8))
-    a = [builder.extract_element(v, builder.add(base, ir.Constant(_I32, i))) for i in range(8)]
-    r0, r1 = builder.fadd(a[0], a[4]), builder.fadd(a[1], a[5])
-    r2, r3 = builder.fadd(a[2], a[6]), builder.fadd(a[3], a[7])
-    return builder.fadd(builder.fadd(r0, r2), builder.fadd(r1, r3))
+    return _ir_hsum8(builder, [builder.extract_element(v, builder.add(base, ir.Constant(_I32, i))) for i in range(8)])
 
 
 @ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))
