@@ -21,7 +21,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")  # as Session sets it (see sessi
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import njit, prange  # noqa: E402
+from numba import literally, njit, prange  # noqa: E402
 
 from synapse_nb.kernels import attention as A  # noqa: E402
 
@@ -54,7 +54,7 @@ def _read_sum(a, out):
 
 
 @njit(parallel=True, cache=False)
-def _phase_qk(kc, pos0, n_head, n_head_kv, qd, scd):
+def _phase_qk(kc, pos0, n_head, n_head_kv, qd, scd, n64, qa, qb):
     gqa = n_head // n_head_kv
     nblk = (pos0 + KT) // KT
     nqk = (nblk + A.QK_TILES - 1) // A.QK_TILES
@@ -62,7 +62,7 @@ def _phase_qk(kc, pos0, n_head, n_head_kv, qd, scd):
     for it in prange(n_head_kv * nqk):
         b0 = (it % nqk) * A.QK_TILES
         A._decode_qk(scd.ravel(), kc.ravel(), qd.ravel(), it // nqk, b0, min(nblk, b0 + A.QK_TILES), nt, gqa, hd_k,
-                     scd.shape[1], 1)
+                     scd.shape[1], literally(n64), literally(qa), literally(qb))
 
 
 @njit(parallel=True, cache=False)
@@ -72,11 +72,12 @@ def _phase_softmax(pos0, n_head, scd, scale):
 
 
 @njit(parallel=True, cache=False)
-def _phase_pv(vc, pos0, n_head, n_head_kv, scd, accd):
+def _phase_pv(vc, pos0, n_head, n_head_kv, scd, accd, pa, pb):
     gqa = n_head // n_head_kv
     nt, hd_v = vc.shape[2], vc.shape[3]
     for it in prange(n_head_kv * 4):
-        A._decode_pv(accd.ravel(), vc.ravel(), scd.ravel(), it // 4, it % 4, gqa, hd_v, nt, scd.shape[1], pos0 + 1)
+        A._decode_pv(accd.ravel(), vc.ravel(), scd.ravel(), it // 4, it % 4, gqa, hd_v, nt, scd.shape[1], pos0 + 1,
+                     literally(pa), literally(pb))
 
 
 def main():
@@ -125,10 +126,10 @@ def main():
                       flush=True)
                 if n == 1 and not a.no_phases:
                     qd, scd, accd = ws.decode  # views of ws.buf
-                    tq = best(lambda: [_phase_qk(kc, pos, nh, nkv, qd, scd) for kc, vc in caches], reps) / len(caches)
+                    tq = best(lambda: [_phase_qk(kc, pos, nh, nkv, qd, scd, *ws.plan[:3]) for kc, vc in caches], reps) / len(caches)
                     ts = best(lambda: [_phase_softmax(pos, nh, scd, scale) for _ in caches], reps) / len(caches)
                     scd[:] = 1e-3
-                    tp = best(lambda: [_phase_pv(vc, pos, nh, nkv, scd, accd) for kc, vc in caches], reps) / len(caches)
+                    tp = best(lambda: [_phase_pv(vc, pos, nh, nkv, scd, accd, *ws.plan[3:]) for kc, vc in caches], reps) / len(caches)
                     half, m = kv_bytes / 2, macs / 2
                     print(f"{'':8s}   phases alone: q.k {tq * 1e6:6.1f} µs ({half / tq / 1e9:5.1f} GB/s, {m / tq / 1e9:5.1f} "
                           f"GMAC/s), softmax {ts * 1e6:6.1f} µs, p.V {tp * 1e6:6.1f} µs ({half / tp / 1e9:5.1f} GB/s, "

@@ -316,14 +316,17 @@ class Session:
         self.stop_reason = "context"
 
 
-def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, bool]:
-    """(batched, single, parallel attention): which warm-up steps a run calls the kernels of.
+def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
+    """(batched, single, attention kinds): which warm-up steps a run calls the kernels of.
 
     The run evaluates a prompt of n_prompt tokens in batches of n_batch (a batch of 1 token runs
     the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
     full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
-    Attention is parallel for a batch (or decode step) past attention.uses_parallel's threshold:
-    the largest batches are the last full one and the last one, the largest step the last.
+    Attention kinds: the (decode, parallel) pairs of the attention kernels it calls
+    (attention.attention_kernel): decode for a one-row call, parallel past
+    attention.uses_parallel's threshold. Every layer of a batch attends all its rows, but a batch
+    whose logits are not needed stops before its last layer's attention, and the last batch's
+    last layer attends its last row only (Model.forward); each decode step attends one row.
     """
     n_batch = min(n_batch, n_ctx)
     last = n_prompt - (n_prompt - 1) % n_batch - 1  # position of the last batch
@@ -332,39 +335,49 @@ def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: 
         n_decode = min(n_decode, max(0, n_predict - 1))
     batched = min(n_prompt, n_batch) > 1
     single = n_prompt - last == 1 or n_decode > 0
-    # (n rows, pos0) of the largest attention calls: every layer but the last attends all rows of
-    # a batch (the last one too with all_logits), the last layer of the last batch its last row
-    rows = [(n_prompt - last, last), (min(n_batch, n_prompt), max(0, last - n_batch)), (1, n_prompt - 1)]
-    if n_decode:
-        rows.append((1, n_prompt + n_decode - 1))
-    par_attn = any(_attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v) for n, p in rows)
-    return batched, single, par_attn
+    calls = [(1, n_prompt - 1)]  # (rows, pos0) of the attention calls
+    if hp.n_layer > 1:
+        calls += [(min(n_batch, n_prompt - b0), b0) for b0 in range(0, n_prompt, n_batch)]
+    if n_decode:  # the threshold grows with the position: the first and last steps decide
+        calls += [(1, n_prompt), (1, n_prompt + n_decode - 1)]
+    kinds = frozenset((n == 1, _attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v)) for n, p in calls)
+    return batched, single, kinds
+
+
+_ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
 
 
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
            n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None) -> None:
-    """Compile (or load from Numba's cache) the kernels the forward uses, with 1-token forwards.
+    """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
 
     model: a loaded Model. progress: optional callable(done, total, name) called before each step.
     By default every kernel any run may call. Given n_prompt (a run that evaluates a prompt of
     n_prompt tokens in batches of n_batch, then decodes up to n_predict tokens, -1: until n_ctx
-    is full, n_ctx defaulting as Session's), only the kernels of that run: a one-token prompt
-    skips the batched (parallel) kernels, which cost as much to load as to compile when unused.
-    A kernel left out still compiles (or loads) on its first call.
+    is full, n_ctx defaulting as Session's), only the kernels of that run (_run_needs): a
+    one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
+    four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
+    load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
     """
     hp = model.hparams
     if n_prompt is None:
-        batched = single = par_attn = True
+        batched = single = True
+        kinds = _ALL_KINDS
     else:
-        batched, single, par_attn = _run_needs(hp, n_prompt, n_predict, n_batch,
-                                               default_n_ctx(hp) if n_ctx is None else n_ctx)
+        batched, single, kinds = _run_needs(hp, n_prompt, n_predict, n_batch,
+                                            default_n_ctx(hp) if n_ctx is None else n_ctx)
     s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
+    ws = s.state.attn_ws
+    # the warm-up forwards' attention takes a kind the run uses (per decode / prefill), the
+    # others run on their own in the last step
+    ws.parallel_override = dict(sorted(kinds))
+    rest = kinds - set(ws.parallel_override.items())
     steps = [
         ("batched forward (parallel kernels)", lambda: s.eval([0, 0])) if batched else None,
         ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
-        ("parallel attention", lambda: _attn.compile_parallel(
+        ("attention kernels", lambda: _attn.compile_kernels(
             s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
-            model._kq_scale, s.state.attn_ws)) if par_attn else None,
+            model._kq_scale, ws, rest)) if rest else None,
     ]
     steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):

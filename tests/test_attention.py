@@ -169,13 +169,14 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
         A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale)
         for nt in (1, 2):
             numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
-            for fn in (A._vector_ser, A._vector_par):  # items in order, or split over the threads
+            for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n64)
-                assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, fn.__name__)
+                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf)
+                assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)
-                A._vector_par(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale, ws.buf, n64)
+                A.vector_kernel(ws.plan, True, False)(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale,
+                                               ws.buf)
                 assert np.array_equal(two[1].view(np.uint32), ref[0].view(np.uint32)), (pos0, nt)
             out = np.full_like(ref, np.nan)
             A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws)

@@ -321,18 +321,26 @@ def test_warmup_of_a_run_takes_the_steps_the_run_uses():
 
     m = model("tiny-llama-hd128-q4_k_m")
     hp = m.hparams
-    assert _run_needs(hp, 1, 1, 64, 512) == (False, True, False)  # "Hello" -n 1
-    assert _run_needs(hp, 1, 0, 64, 512) == (False, True, False)
-    assert _run_needs(hp, 5, 1, 64, 512)[:2] == (True, False)  # no decode step: no serial forward
+    ser, par = (True, False), (True, True)  # decode-row kinds (decode, parallel)
+    assert _run_needs(hp, 1, 1, 64, 512) == (False, True, {ser})  # "Hello" -n 1
+    assert _run_needs(hp, 1, 0, 64, 512) == (False, True, {ser})
+    assert _run_needs(hp, 5, 1, 64, 512) == (True, False, {ser, (False, False)})  # no decode step: no serial forward
     assert _run_needs(hp, 5, 2, 64, 512)[:2] == (True, True)
     assert _run_needs(hp, 65, 1, 64, 512)[:2] == (True, True)  # the last batch is 1 token
-    assert _run_needs(hp, 64, 1, 1, 512)[:2] == (False, True)  # -b 1: every batch is 1 token
-    # parallel attention: as attention_rows decides, for the largest batch or the last decode step
+    assert _run_needs(hp, 64, 1, 1, 512) == (False, True, {ser})  # -b 1: every batch is 1 token
+    # parallel attention: as attention_rows decides, for each batch and decode step
     big = next(p for p in range(1, 1 << 20) if uses_parallel(1, p, hp.n_head, hp.head_dim_k, hp.head_dim_v))
-    assert _run_needs(hp, 1, 8, 64, big + 10)[2] is False
-    assert _run_needs(hp, 1, -1, 64, big + 10)[2] is True  # -n -1: to the end of the context
-    assert _run_needs(hp, 1, big + 1, 64, big + 10)[2] is True  # the last step is evaluated at position big
-    assert _run_needs(hp, 1, big, 64, big + 10)[2] is False  # at big - 1
+    assert _run_needs(hp, 1, 8, 64, big + 10)[2] == {ser}
+    assert _run_needs(hp, 1, -1, 64, big + 10)[2] == {ser, par}  # -n -1: to the end of the context
+    assert _run_needs(hp, 1, big + 1, 64, big + 10)[2] == {ser, par}  # the last step is evaluated at position big
+    assert _run_needs(hp, 1, big, 64, big + 10)[2] == {ser}  # at big - 1
+    kinds = _run_needs(hp, big + 1, 2, 64, big + 10)[2]  # the prompt's last row at big, one step after it
+    assert par in kinds and ser not in kinds
+    n = next(n for n in range(2, 65) if uses_parallel(n, 0, hp.n_head, hp.head_dim_k, hp.head_dim_v))
+    assert (False, True) in _run_needs(hp, n, 1, 64, 512)[2]
+    assert (False, False) in _run_needs(hp, n - 1, 1, 64, 512)[2] - {(False, True)}
+    # batches of n - 1 rows: the first serial, the fourth (at position 3 (n - 1): 4x the work) parallel
+    assert _run_needs(hp, 4 * (n - 1), 1, n - 1, 512)[2] >= {(False, True), (False, False)}
     calls = []
     session_warmup(m, progress=lambda done, total, name: calls.append((done, total, name)),
                    n_prompt=1, n_predict=1, n_ctx=64)

@@ -610,43 +610,14 @@ QK_TILES = 4
 
 
 @njit(cache=True, error_model="numpy")
-def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, n64, nblk):
-    """Scores of nq = 1..QK_MAX_Q queries on nblk consecutive K tiles (qk16 with a literal nq and
-    n64 = 1 or 2 per branch; kf: one KV head's tiles, the first at ko; positions from sc[so])."""
-    if n64 == 1:
-        if nq == 1:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 1, 1)
-        elif nq == 2:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 2, 1)
-        elif nq == 3:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 3, 1)
-        elif nq == 4:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 4, 1)
-        elif nq == 5:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 5, 1)
-        elif nq == 6:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 6, 1)
-        elif nq == 7:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 7, 1)
-        else:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 8, 1)
+def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, nblk, qa, qb, n64):
+    """Scores of nq queries on nblk consecutive K tiles (kf: one KV head's tiles, the first at ko;
+    positions from sc[so]). nq is qa or qb, n64 (64-dim steps) 1 or 2: the literals of the
+    model's VectorPlan, so that qk16 is generated for the two query counts the model uses only."""
+    if nq == qa:
+        _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, qa, n64)
     else:
-        if nq == 1:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 1, 2)
-        elif nq == 2:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 2, 2)
-        elif nq == 3:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 3, 2)
-        elif nq == 4:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 4, 2)
-        elif nq == 5:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 5, 2)
-        elif nq == 6:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 6, 2)
-        elif nq == 7:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 7, 2)
-        else:
-            _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, 8, 2)
+        _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, qb, n64)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -656,20 +627,12 @@ def _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, nq, n64):
 
 
 @njit(cache=True, error_model="numpy")
-def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq):
-    """pv_chain on 64 channels (dv 4) for nq = 1..PV_MAX_Q4 queries (a literal per branch)."""
-    if nq == 1:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 1, 4)
-    elif nq == 2:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 2, 4)
-    elif nq == 3:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 3, 4)
-    elif nq == 4:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 4, 4)
-    elif nq == 5:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 5, 4)
+def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq, pa, pb):
+    """pv_chain on 64 channels (dv 4) for nq queries, nq the VectorPlan's literal pa or pb."""
+    if nq == pa:
+        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, pa, 4)
     else:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, 6, 4)
+        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, pb, 4)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -686,7 +649,7 @@ def _lane_steps(n, l):
 
 
 @njit(cache=True, error_model="numpy")
-def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64):
+def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
     """Decode phase 1, item (KV head g, K tiles b0..b1-1): the scores of g's query heads there.
     sc: float32 [n_head, nctx64], qf: the F16-rounded q [n_head, hd_k], kf: K [n_head_kv, nt,
     hd_k, 64], all flat."""
@@ -694,11 +657,11 @@ def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64):
     for hc in range(0, gqa, cs):
         h = g * gqa + hc
         _qk_tiles(sc, h * nctx64 + b0 * KT, nctx64, kf, (g * nt + b0) * hd_k * KT, qf, h * hd_k, hd_k,
-                  min(cs, gqa - hc), n64, b1 - b0)
+                  min(cs, gqa - hc), b1 - b0, qa, qb, n64)
 
 
 @njit(cache=True, error_model="numpy")
-def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv):
+def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv, pa, pb):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
     lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, into acc (float32
     [n_head, 64, hd_v]). wf: the probabilities [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v],
@@ -710,12 +673,15 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv):
             for hc in range(0, gqa, cs):
                 h = g * gqa + hc
                 _pv_q(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
-                      0, _lane_steps(n_kv, l), min(cs, gqa - hc))
+                      0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64):
-    """One row at position pos0 (out, q: [1, ...]), in three loops over independent items."""
+def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+    """One row at position pos0 (out, q: [1, ...]), in three loops over independent items (parallel
+    in a parallel entry, see vector_kernel). ws: Workspace.buf; n64, qa, qb, pa, pb: the
+    VectorPlan's literals."""
+    qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
     gqa = n_head // n_head_kv
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     n_kv = pos0 + 1
@@ -727,11 +693,11 @@ def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n6
         qf[i] = _f16_round(q[0, i])
     for it in prange(n_head_kv * nqk):
         b0 = (it % nqk) * QK_TILES
-        _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64)
+        _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64, qa, qb)
     for h in prange(n_head):
         _softmax(scf, h * nctx64, n_kv, kq_scale)
     for it in prange(n_head_kv * 4):
-        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, n_kv)
+        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, n_kv, pa, pb)
     for h in range(n_head):  # the 64-lane reductions (a few hundred vector adds)
         for d in range(0, hd_v, 16):
             reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
@@ -746,15 +712,19 @@ def _row_block(j, nrb):
 
 @njit(cache=True, error_model="numpy")
 def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, g, b, rb,
-                  qw, sc, acc, n64):
+                  qw, sc, acc, n64, qa, qb, pa, pb):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
     queries r = (t - t0) * gqa + hh (head g * gqa + hh). q.k of every query on each K tile up to
     the last row's position (K loaded once for up to QK_MAX_Q queries), each query's softmax,
     p.V lane chains shared by all queries up to the first row's position, each later row's own
     last steps, the 64-lane reductions into out. Scratch (this thread's): qw [R, hd_k], sc
-    [R, nctx64], acc [R, 64, 64]."""
+    [R, nctx64], acc [R, 64, 64]. q.k and the shared p.V steps always take all R = rb * gqa
+    queries, as a full block does: a short last block's extra queries (stale scratch rows) are
+    computed and never read, so the query counts are the plan's (qa, qb, pa, pb) in every block.
+    Each query's operations do not depend on the others it is computed with."""
     n = q.shape[0]
     gqa = n_head // n_head_kv
+    R = qw.shape[0]
     t0 = b * rb
     t1 = min(n, t0 + rb)
     nr = (t1 - t0) * gqa
@@ -766,29 +736,29 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
         for i in range(hd_k):
             qr[i] = _f16_round(q[t, h * hd_k + i])
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
-    cs = _chunk(nr, QK_MAX_Q)
-    for r0 in range(0, nr, cs):
-        _qk_tiles(scf, r0 * nctx64, nctx64, kf, g * nt * hd_k * KT, qwf, r0 * hd_k, hd_k, min(cs, nr - r0), n64,
-                  (n_max + KT - 1) // KT)
+    cs = _chunk(R, QK_MAX_Q)
+    for r0 in range(0, R, cs):
+        _qk_tiles(scf, r0 * nctx64, nctx64, kf, g * nt * hd_k * KT, qwf, r0 * hd_k, hd_k, min(cs, R - r0),
+                  (n_max + KT - 1) // KT, qa, qb, n64)
     for r in range(nr):
         _softmax(scf, r * nctx64, pos0 + t0 + r // gqa + 1, kq_scale)
-    cs = _chunk(nr, PV_MAX_Q4)
+    cs = _chunk(R, PV_MAX_Q4)
     cr = _chunk(gqa, PV_MAX_Q4)
     ls = acc.shape[2]  # 64 channels of one lane
     for cb in range(0, hd_v, 64):
         for l in range(KT):
             vo = (g * KT + l) * nt * hd_v + cb
             m_all = _lane_steps(n_min, l)
-            for r0 in range(0, nr, cs):
+            for r0 in range(0, R, cs):
                 _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                      0, m_all, min(cs, nr - r0))
+                      0, m_all, min(cs, R - r0), pa, pb)
             for t in range(t0 + 1, t1):  # later rows: their steps past the first row's position
                 m_t = _lane_steps(pos0 + t + 1, l)
                 if m_t > m_all:
                     rt = (t - t0) * gqa
                     for r0 in range(rt, rt + gqa, cr):
                         _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 0, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                              m_all, m_t, min(cr, rt + gqa - r0))
+                              m_all, m_t, min(cr, rt + gqa - r0), pa, pb)
         for r in range(nr):
             orow = out[t0 + r // gqa]
             o = (g * gqa + r % gqa) * hd_v + cb
@@ -836,40 +806,87 @@ def _prefill_blocks(q, n_head, n_head_kv):
     return rb, (q.shape[0] + rb - 1) // rb
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
-def _vector_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64):
-    """The vector kernels on a decode row (q: one row) or a prefill batch, loops in parallel;
-    ws: Workspace.buf."""
-    if q.shape[0] == 1:
-        qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
-        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
-        return
-    # prefill: independent (KV head, row block) items, each on its thread's scratch
+@njit(cache=True, error_model="numpy", inline="always")
+def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+    """A prefill batch (q: N > 1 rows) as independent (KV head, row block) items over the threads,
+    each on its thread's scratch (results do not depend on which thread it is); arguments as
+    _decode's."""
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in prange(n_head_kv * nrb):
-        # scratch of this thread (results do not depend on which thread it is)
         qw, sc, acc = _ws_thread(ws, get_thread_id(), n_head, n_head_kv, kc, vc)
         _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64)
+                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
-@njit(cache=True, error_model="numpy")
-def _vector_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64):
-    """The same on the calling thread, items in order (for work too small to wake the others).
-    (No get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
-    if q.shape[0] == 1:
-        qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
-        _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, qd, scd, accd, n64)
-        return
+@njit(cache=True, error_model="numpy", inline="always")
+def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+    """The same items in order on the calling thread (for work too small to wake the others). (No
+    get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
     qw, sc, acc = _ws_thread(ws, 0, n_head, n_head_kv, kc, vc)
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in range(n_head_kv * nrb):
         _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64)
+                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
+
+
+def _chunk_sizes(n, cap):
+    """The sizes of the chunks _chunk cuts n queries into (at most two distinct values)."""
+    cs = (n + (n + cap - 1) // cap - 1) // ((n + cap - 1) // cap)
+    return {min(cs, n - r0) for r0 in range(0, n, cs)}
+
+
+class VectorPlan(tuple):
+    """(n64, qa, qb, pa, pb) of a head configuration: 64-dim steps of q.k, and the only query counts
+    its q.k (qa, qb) and p.V (pa, pb) calls take, in decode (the gqa query heads of a KV head) and
+    in prefill (blocks of R = rb * gqa queries, see _prefill_item). They are compiled in as
+    literals, so each configuration compiles qk16 and pv_chain for two counts, not all eight and
+    six (which was half the cold compile of a run)."""
+
+    __slots__ = ()
+
+    def __new__(cls, n_head, n_head_kv, head_dim_k):
+        gqa = n_head // n_head_kv
+        R = max(1, QK_MAX_Q // gqa) * gqa
+        qk = sorted(_chunk_sizes(gqa, QK_MAX_Q) | _chunk_sizes(R, QK_MAX_Q))
+        pv = sorted(_chunk_sizes(gqa, PV_MAX_Q4) | _chunk_sizes(R, PV_MAX_Q4))
+        if len(qk) > 2 or len(pv) > 2:  # not for any gqa (a test runs 1..64), but never silently
+            raise ValueError(f"attention: no vector plan for {n_head} query heads on {n_head_kv} KV heads")
+        return super().__new__(cls, (head_dim_k // 64, qk[0], qk[-1], pv[0], pv[-1]))
+
+    @property
+    def tag(self):
+        return "n{}_q{}_{}_p{}_{}".format(*self)
+
+
+_ENTRY = """
+@njit(cache=True, error_model="numpy", parallel={parallel})
+def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, {n64}, {qa}, {qb}, {pa}, {pb})
+"""
+_ENTRIES = {}
+
+
+def vector_kernel(plan, parallel, decode):
+    """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
+    its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
+    vc, pos0, n_head, n_head_kv, kq_scale, ws) over arrays attention_rows has checked, ws a
+    Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
+    or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
+    the four it uses, each for its model's query counts only."""
+    key = (tuple(plan), bool(parallel), bool(decode))
+    fn = _ENTRIES.get(key)
+    if fn is None:
+        impl = "_decode" if decode else ("_prefill_par" if parallel else "_prefill_ser")
+        name = f"_{'decode' if decode else 'prefill'}_{'par' if parallel else 'ser'}_{plan.tag}"
+        n64, qa, qb, pa, pb = plan
+        src = _ENTRY.format(name=name, impl=impl, parallel=bool(parallel), n64=n64, qa=qa, qb=qb, pa=pa, pb=pb)
+        exec(compile(src, __file__, "exec"), globals())
+        fn = _ENTRIES[key] = globals()[name]
+    return fn
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
@@ -891,6 +908,8 @@ class Workspace:
         nd, npt, _ = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
         self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
+        self.plan = VectorPlan(n_head, n_head_kv, head_dim_k) if vector_kernels_apply(head_dim_k, head_dim_v) else None
+        self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
         self.buf = np.zeros(nd + T * npt, np.float32)
 
     @property
@@ -928,27 +947,30 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     count and the split of the work, and row t equals a one-row call at position pos0 + t bit for
     bit. The caller guarantees the shapes and pos0 + N <= n_ctx.
     """
-    scale = np.float32(kq_scale)
-    par = uses_parallel(q.shape[0], pos0, n_head, head_dim_k, head_dim_v)
-    if not vector_kernels_apply(head_dim_k, head_dim_v):
-        fn = _attention_par if par else _attention_ser
-        fn(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
-        return
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
-    fn = _vector_par if par else _vector_ser
-    fn(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, head_dim_k // 64)
+    par = ws.parallel_override.get(q.shape[0] == 1)
+    if par is None:
+        par = uses_parallel(q.shape[0], pos0, n_head, head_dim_k, head_dim_v)
+    _attend(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale), ws, par)
 
 
-def compile_parallel(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws):
-    """Run (so compile, or load from Numba's cache) the parallel kernel that attention_rows uses for
-    these head dims, on a decode row and a 2-row batch (a warm-up: short forwards take the serial
-    one). kc, vc: a layer's cache of at least 2 positions."""
-    for n in (1, 2):
+def _attend(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, scale, ws, par):
+    """attention_rows on all threads (par) or the calling one: the vector kernel for q's rows (a
+    decode row or a prefill batch) where they apply, else the per-head kernel."""
+    if ws.plan is None:
+        (_attention_par if par else _attention_ser)(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k,
+                                                    head_dim_v, scale)
+    else:
+        vector_kernel(ws.plan, par, q.shape[0] == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf)
+
+
+def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws, kinds):
+    """Run (so compile, or load from Numba's cache) the attention kernels of kinds, (decode,
+    parallel) pairs (see _attend), on a decode row at position 1 and a 2-row batch (a warm-up).
+    kc, vc: a layer's cache of at least 2 positions; ws: a Workspace for it."""
+    for decode, par in sorted(kinds):
+        n = 1 if decode else 2
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
-        scale = np.float32(kq_scale)
-        if vector_kernels_apply(head_dim_k, head_dim_v):
-            _vector_par(out, q, kc, vc, 0, n_head, n_head_kv, scale, ws.buf, head_dim_k // 64)
-        else:
-            _attention_par(out, q, kc, vc, 0, n_head, n_head_kv, head_dim_k, head_dim_v, scale)
+        _attend(out, q, kc, vc, 2 - n, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale), ws, par)
