@@ -108,7 +108,7 @@ def silu_f32(x):
     return x / (_F32(1.0) + math.exp(-x))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _swiglu_row(out, gate, up, t):
     m = gate.shape[1]
     m16 = m - m % 16
@@ -155,7 +155,7 @@ def swiglu_rows(out, gate, up):
 # RMSNorm
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _rms_norm_row(out, x, w, eps, t):
     m = x.shape[1]
     s = 0.0
@@ -263,7 +263,7 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
             theta = theta * theta_scale
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
     t = th // n_heads
     base = (th % n_heads) * head_dim
