@@ -35,8 +35,8 @@ for name in ("F32", "Q4_0"):
     w = W(name, 20, 64)
     x = np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64)
     matmul(w, x[:1].copy()); matmul(w, x); get_rows(w, [0, 3])
-    act, act_drv, mm_drv, deq_drv = MM.KERNELS[name]
-    for d in (act_drv, mm_drv, deq_drv):
+    k = MM.KERNELS[name]
+    for d in (k.act, k.mv, k.mm, k.deq):
         s = d.stats
         stats[d.__name__] = [sum(s.cache_hits.values()), sum(s.cache_misses.values())]
 print(json.dumps(stats))
@@ -53,14 +53,15 @@ def _run(code, cache_dir, cwd=ROOT):
 
 def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     first = json.loads(_run(_USE_DRIVERS, tmp_path))
-    assert set(first) == {"_act_f32", "_mm_f32", "_deq_f32", "_act_q8_0", "_mm_q4_0", "_deq_q4_0"}
+    assert set(first) == {"_act_f32", "_mv_f32", "_mm_f32", "_deq_f32", "_act_q8_0", "_mv_q4_0", "_mm_q4_0",
+                          "_deq_q4_0"}
     assert all(misses > 0 for hits, misses in first.values()), first  # compiled here
     second = json.loads(_run(_USE_DRIVERS, tmp_path))
     # nothing recompiled: every signature used came from the cache written by the first process
     assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
 
 
-# matvec of an F32 weight: _mm_f32 inlines legacy.vec_dot_f32, which inlines common.reduce_add_16.
+# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, which inlines common.reduce_add_16.
 _F32_DOT = r"""
 import importlib, json
 import numpy as np
@@ -73,7 +74,7 @@ class W:
     name, ggml_type, shape = "w", GT.F32, (2, 64)
     data = np.ones(128, np.float32).view(np.uint8)
 y = matvec(W(), np.ones(64, np.float32))
-s = MM._mm_f32.stats
+s = MM._mv_f32.stats
 print(json.dumps({"file": synapse_nb.__file__, "y": float(y[0]),
                   "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values())}))
 """

@@ -140,17 +140,17 @@ class BoundWeight:
     """
 
     __slots__ = ("name", "fmt", "act_fmt", "rows", "m", "k", "act_row_bytes", "n_scratch",
-                 "_act", "_act1", "_mm", "_deq")
+                 "_act", "_act1", "_mv", "_mm", "_deq")
 
     def __init__(self, w):
-        fmt, (act_name, act_drv, mm_drv, deq_drv), rows, m, k = _weight_rows(w)
+        fmt, kern, rows, m, k = _weight_rows(w)
         self.name = _tname(w)
-        self.fmt, self.act_fmt = fmt, _F.format_of(act_name)
+        self.fmt, self.act_fmt = fmt, _F.format_of(kern.act_type)
         self.rows, self.m, self.k = rows, m, k
         self.act_row_bytes = self.act_fmt.row_bytes(k)
         self.n_scratch = _mm.scratch_ints(k)
-        self._act, self._mm, self._deq = act_drv, mm_drv, deq_drv
-        self._act1 = _mm.ACT1_DRIVERS[act_name]
+        self._act, self._mv, self._mm, self._deq = kern.act, kern.mv, kern.mm, kern.deq
+        self._act1 = _mm.ACT1_DRIVERS[kern.act_type]
 
     def shares_activation(self, other: "BoundWeight") -> bool:
         """True when other converts its input to the same bytes (same vec_dot_type and n_in), so
@@ -167,7 +167,7 @@ class BoundWeight:
     def matmul_q(self, a, out):
         """out[N, M] = W . a for activations already converted by quantize() (of this weight or of
         one that shares_activation with it). Returns out."""
-        self._mm(out, self.rows, a, self.n_scratch)
+        (self._mv if a.shape[0] == 1 else self._mm)(out, self.rows, a, self.n_scratch)
         return out
 
     def matmul(self, x, out=None):

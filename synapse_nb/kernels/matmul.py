@@ -5,7 +5,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 * Numba cannot cache a generic ``@njit(parallel=True, cache=True)`` driver that receives the row
   function as an argument or as a closure variable: both miss the on-disk cache in every new
   process (the dispatcher type / pickled closure differs per process; numba issues 6264, 2956).
-  So each format gets its own small driver (``_act_<A>``, ``_mm_<T>``, ``_deq_<T>``), but they are
+  So each format gets its own small drivers (``_act_<A>``, ``_mv_<T>``, ``_mm_<T>``, ``_deq_<T>``), but they are
   written once, as the templates below: the source of each driver is generated from the template
   with the format's row-function names and compiled with this module's file name, so Numba's
   cache finds it again in a new process (its index key is the function's bytecode, the same in
@@ -51,6 +51,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   with N = 1). Activation rows are converted once per call and reused by every weight row.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange  # noqa: F401  (used by the generated drivers)
 
@@ -87,31 +89,30 @@ _ACT1 = '@njit(cache=True, error_model="numpy")\n' + """def {name}(a, x):
 """
 
 # Matmul: y[n, m] = vec_dot(w[m], a[n]), every output one call of the row function (or of its
-# rows_dot / vec_dot4 twins, which make the same operations per output). One token (N == 1) takes
-# the pair kernel, or vec_dot4 (four weight rows at once) where the format has it; several take
-# rows_dot (each weight block decoded once for all activation rows) where it has it.
-_MM = _DECORATOR + """def {name}(y, w, a, n_scratch):
+# rows_dot / vec_dot4 twins, which make the same operations per output). Two drivers per format,
+# so that a run compiles (and loads) only the ones it calls: _mv_ for one token (N == 1: the pair
+# kernel, or vec_dot4, four weight rows at once, where the format has it), _mm_ for several
+# (rows_dot, each weight block decoded once for all activation rows, where it has it).
+_CHUNKS = _DECORATOR + """def {name}(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         scratch = np.empty(n_scratch, np.int32)
         m0 = c * CHUNK_ROWS
         m1 = min(m_rows, m0 + CHUNK_ROWS)
-        if a.shape[0] == 1:
-{one}        else:
-{many}"""
-_MM_PAIRS = """            for m in range(m0, m1):
-                for n in range(a.shape[0]):
-                    y[n, m] = {mod}.{dot}(w[m], a[n], scratch)
+{rows}"""
+_MM_PAIRS = """        for m in range(m0, m1):
+            for n in range(a.shape[0]):
+                y[n, m] = {mod}.{dot}(w[m], a[n], scratch)
 """
 
 
 def _row_groups(groups, single):
     """Driver source for the rows m0..m1 of a chunk: whole groups of each (width, call) in groups,
     widest first, then the rows left one by one by ``single`` (calls written with m, resp. r)."""
-    src = "            m = m0\n"
+    src = "        m = m0\n"
     for width, call in groups:
-        src += f"            while m + {width} <= m1:\n                {call}\n                m += {width}\n"
-    return src + f"            for r in range(m, m1):\n                {single}\n"
+        src += f"        while m + {width} <= m1:\n            {call}\n            m += {width}\n"
+    return src + f"        for r in range(m, m1):\n            {single}\n"
 
 
 # Row dequantizer (get_rows / dequantize): out[i] = dequantize(w[ids[i]]).
@@ -124,6 +125,19 @@ _DEQ = _DECORATOR + """def {name}(out, w, ids):
 def _define(src):
     """Compile generated driver source into this module under this file's name (for the cache)."""
     exec(compile(src, __file__, "exec"), globals())
+
+
+class Kernels(NamedTuple):
+    """The drivers of one weight type: its activation type's name (vec_dot_type) and converter
+    (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matvec (mv: one activation row) and
+    matmul (mm: N > 1 rows) as (y float32 [N, M], w uint8 [M, row_bytes], a, n_scratch), and the
+    row dequantizer (deq: out float32 [len(ids), K], w, ids int64)."""
+
+    act_type: str
+    act: object
+    mv: object
+    mm: object
+    deq: object
 
 
 def _build_tables():
@@ -152,21 +166,22 @@ def _build_tables():
                                f"{mod}.{rows}(y, r, w[r], a)")
         else:
             many = _MM_PAIRS.format(mod=mod, dot=dot)
-        _define(_MM.format(name=f"_mm_{fmt.stem}", one=one, many=many))
+        _define(_CHUNKS.format(name=f"_mv_{fmt.stem}", rows=one))
+        _define(_CHUNKS.format(name=f"_mm_{fmt.stem}", rows=many))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
-        kernels[fmt.name] = (fmt.vec_dot_type, act_drivers[fmt.vec_dot_type],
-                             globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
+        kernels[fmt.name] = Kernels(fmt.vec_dot_type, act_drivers[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
+                                    globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
     return act_drivers, act1_drivers, kernels
 
 
 # ggml activation type name -> converter (ACT1_DRIVERS: its serial twin for one row); ggml weight
-# type name -> (activation format name, activation converter, matmul driver, dequant driver).
+# type name -> its Kernels.
 # Block sizes and byte counts: formats.py.
 ACT_DRIVERS, ACT1_DRIVERS, KERNELS = _build_tables()
 
 
 def kernels_for(type_name, what="tensor"):
-    """(act_type_name, act_driver, matmul_driver, dequant_driver) for a ggml type name.
+    """The Kernels of a ggml type name.
 
     Raises SynapseError when the type has no kernels.
     """
