@@ -247,11 +247,13 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     t_c = time.perf_counter()
     with _Compiling(verbose) as progress:
+        # a cold cache compiles on two cores when the run has two (compile_helper)
+        jobs = min(2, n_threads)
         if prefill_check:  # batched and token by token
-            session_warmup(model, progress=progress)
+            session_warmup(model, progress=progress, jobs=jobs)
         else:  # the kernels of this prompt and generation only
             session_warmup(model, progress=progress, n_prompt=len(prompt_ids), n_predict=n_predict,
-                           n_batch=session.n_batch, n_ctx=n_ctx)
+                           n_batch=session.n_batch, n_ctx=n_ctx, jobs=jobs)
         if sampler is not None:
             from synapse_nb.sampling import warmup as _sampling_warmup
 
@@ -392,7 +394,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
 
     def warmup():
         with _Compiling(verbose) as progress:
-            session_warmup(model, progress=progress)
+            session_warmup(model, progress=progress, jobs=min(2, n_threads))
             if sampler is not None:
                 from synapse_nb.sampling import warmup as _sampling_warmup
 

@@ -348,7 +348,7 @@ _ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
 
 
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
-           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None) -> None:
+           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1) -> None:
     """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
 
     model: a loaded Model. progress: optional callable(done, total, name) called before each step.
@@ -358,7 +358,12 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
     four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
     load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
+    jobs: with 2 or more, when the warm-up compiles both forwards' kernels (a cold cache), a
+    second process compiles the single-token forward's while this one compiles the batched one's
+    (synapse_nb.compile_helper); the kernels and the cache are the same either way.
     """
+    from . import compile_helper
+
     hp = model.hparams
     if n_prompt is None:
         batched = single = True
@@ -372,8 +377,23 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # others run on their own in the last step
     ws.parallel_override = dict(sorted(kinds))
     rest = kinds - set(ws.parallel_override.items())
+    helper = None
+    if jobs > 1 and batched and single and compile_helper.available():
+        helper = compile_helper.Helper(model.path, ws.parallel_override, rest)
+
+    def run_batched():
+        if helper is None:
+            s.eval([0, 0])
+            return
+        # all logits: no one-row call (its kernels are the helper's); the run's last batch
+        # makes those on its last layer, which the single-token forward also makes
+        with compile_helper.locked_cache_saves():
+            with helper.on_first_compile():
+                s.eval([0, 0], all_logits=True)
+            helper.wait()
+
     steps = [
-        ("batched forward (parallel kernels)", lambda: s.eval([0, 0])) if batched else None,
+        ("batched forward (parallel kernels)", run_batched) if batched else None,
         ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
         ("attention kernels", lambda: _attn.compile_kernels(
             s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,

@@ -1,0 +1,161 @@
+"""A second process that compiles half of a cold warm-up's kernels into Numba's cache.
+
+Numba compiles one function at a time under a process-wide lock, about half of it in LLVM and
+half in Python, so a first run (an empty cache) uses one core however many the machine has.
+session.warmup's two forwards compile disjoint sets of kernels when the batched one keeps all
+its logits (every kernel call has N > 1 rows: the _mm_ drivers, the parallel row ops, prefill
+attention) and the single-token one has one row (the _mv_ drivers, the serial ops, decode
+attention). So while the warm-up runs the batched forward, this process (``python -m
+synapse_nb.compile_helper``) runs the single-token forward on the same model into the same cache;
+the warm-up then runs its single-token forward, which loads what this process wrote.
+
+A Helper starts the process only when the warm-up really compiles (Numba's first
+"numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it
+touches its kernels. Nothing depends on it for correctness: a kernel it did not write in time
+(it failed, or was killed) is compiled by the warm-up as without it, and its outputs go to
+/dev/null (stdout is the product).
+
+Both processes save to the same cache files, so while a Helper runs each of them takes an
+exclusive lock on the cache directory around Numba's index update and data write
+(locked_cache_saves): without it two processes saving different signatures of one function
+could both take data file number 1, and the index would name the other's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no helper (available() is False)
+    fcntl = None
+
+
+def available() -> bool:
+    """Whether a Helper can run here (POSIX file locks)."""
+    return fcntl is not None
+
+
+@contextlib.contextmanager
+def locked_cache_saves():
+    """Within the block, every Numba cache save of this process holds an exclusive flock on the
+    cache directory around the index's read-modify-write and the data file's write."""
+    from numba.core import caching
+
+    cls = caching.IndexDataCacheFile
+    save = cls.save
+
+    def locked_save(self, key, data):
+        fd = os.open(self._cache_path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            save(self, key, data)
+        finally:
+            os.close(fd)  # releases the lock
+
+    cls.save = locked_save
+    try:
+        yield
+    finally:
+        cls.save = save
+
+
+def _die_with_parent():
+    """preexec_fn: the kernel sends SIGTERM to the helper when the warm-up's process exits
+    (prctl PR_SET_PDEATHSIG), so a killed run leaves no compiler behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Helper:
+    """The helper process of one warm-up: the single-token forward (and the attention kernels of
+    ``rest``, see session.warmup) on the model at ``path``, with ``override`` as the warm-up
+    Session's Workspace.parallel_override. Use ``with helper.on_first_compile(): ...`` around
+    the work it runs beside, then ``helper.wait()``."""
+
+    TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
+
+    def __init__(self, path, override: dict, rest):
+        self._args = [str(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest)})]
+        self._proc = None
+
+    def _start(self):
+        if self._proc is not None:
+            return
+        import synapse_nb
+
+        env = dict(os.environ)  # the same cache directory and Numba settings
+        root = os.path.dirname(os.path.dirname(os.path.abspath(synapse_nb.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "synapse_nb.compile_helper", *self._args],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+        except OSError:
+            self._proc = False  # no helper: the warm-up compiles everything itself
+
+    @contextlib.contextmanager
+    def on_first_compile(self):
+        """Within the block, start the helper when Numba first compiles something (run the block
+        and wait() within locked_cache_saves)."""
+        from numba.core import event
+
+        helper = self
+
+        class _Start(event.Listener):
+            def on_start(self, ev):
+                helper._start()
+
+            def on_end(self, ev):
+                pass
+
+        listener = _Start()
+        event.register("numba:compile", listener)
+        try:
+            yield
+        finally:
+            event.unregister("numba:compile", listener)
+
+    def wait(self):
+        """Wait for the helper to finish (if it started); kill it after TIMEOUT_S."""
+        if self._proc:
+            try:
+                self._proc.wait(timeout=self.TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+def main(argv) -> int:
+    """The helper process: argv = [model path, JSON {"override": [[decode, parallel], ...],
+    "rest": [[decode, parallel], ...]}]."""
+    path, spec = argv[0], json.loads(argv[1])
+    from .kernels import attention as _attn
+    from .model import load_model
+    from .session import Session
+
+    with locked_cache_saves():
+        model = load_model(path)
+        hp = model.hparams
+        s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
+        ws = s.state.attn_ws
+        ws.parallel_override = {bool(d): bool(p) for d, p in spec["override"]}
+        s.eval([0])
+        rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
+        if rest:
+            _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                                  hp.head_dim_v, model._kq_scale, ws, rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
