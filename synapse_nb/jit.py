@@ -215,6 +215,12 @@ def _environments_without_imports() -> None:
     environment (the globals serve object mode, which no kernel uses), so while one of our cache
     entries loads, the environment of a Numba module not imported yet gets a globals dict holding
     its name only (as pickled). Everything else is Numba's _rebuild_env.
+
+    The replacement takes the original's module and name: Numba pickles an environment as a call
+    of environment._rebuild_env, and cloudpickle stores a function it finds under its module and
+    name as that reference. A nested function would be stored by value in every cache entry
+    compiled in this process, its module globals frozen (_LOADING false: each load of such an
+    entry imports the module again), and deserialized at every load.
     """
     from numba.core import environment
 
@@ -233,6 +239,8 @@ def _environments_without_imports() -> None:
         return env
 
     _rebuild_env._synapse_nb = True
+    _rebuild_env.__module__ = numba_rebuild.__module__  # pickled as numba.core.environment._rebuild_env
+    _rebuild_env.__qualname__ = numba_rebuild.__qualname__
     environment._rebuild_env = _rebuild_env
 
 
