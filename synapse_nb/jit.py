@@ -406,3 +406,62 @@ def watch_compiles(on_compile):
         yield
     finally:
         event.unregister("numba:compile", listener)
+
+
+# Shared libraries whose pages a run touches mostly while they load: LLVM (llvmlite's
+# libllvmlite.so: its static initializers, Numba's code generator set-up and each kernel's cache
+# load), OpenSSL (hashlib's set-up) and NumPy's OpenBLAS (its initialization; no kernel uses it).
+_RELEASABLE = ("libllvmlite", "libcrypto", "openblas", "libgfortran")
+_RELEASE_RANGES = None  # [(address, length)] of their clean mappings, found once per process
+_MADV_DONTNEED = 4
+
+
+def _releasable_ranges() -> list:
+    """(address, length) of every read-only mapping of a _RELEASABLE library that holds no
+    anonymous page (/proc/self/smaps "Anonymous: 0"): text, read-only data and headers, whose
+    pages are the file's own (never the relocated RELRO pages, which are the process's)."""
+    ranges, cur = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                parts = line.split()
+                cur = None
+                if (len(parts) >= 6 and parts[1][1] == "-" and parts[1][3] == "p"
+                        and any(n in os.path.basename(parts[5]) for n in _RELEASABLE)):
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    cur = [lo, hi - lo, None]
+                    ranges.append(cur)
+            elif cur is not None and line.startswith("Anonymous:"):
+                cur[2] = int(line.split()[1])
+    return [(a, n) for a, n, anon in ranges if anon == 0]
+
+
+def release_library_pages() -> None:
+    """Unmap from this process the pages of LLVM's (and a few other) shared libraries that it has
+    touched, so that only those used again count in its resident set (Linux; elsewhere nothing).
+
+    Importing llvmlite maps 40 MiB of libllvmlite.so (its static initializers run all over
+    it, and the kernel maps each faulted page's neighbours); loading the kernels maps more; a
+    decode step runs none of it. madvise(MADV_DONTNEED) on a clean read-only file mapping only
+    drops page-table entries: the pages stay in the page cache (other processes keep using them)
+    and a later access maps them again, unchanged; nothing is written, freed or read from disk
+    unless the kernel evicted them meanwhile. A mapping with an anonymous (written) page is never
+    touched. Cheap (milliseconds); called by session.warmup before and after it loads kernels.
+    """
+    global _RELEASE_RANGES
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _RELEASE_RANGES is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            madvise = libc.madvise
+            madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            madvise.restype = ctypes.c_int
+            _RELEASE_RANGES = (madvise, _releasable_ranges())
+        madvise, ranges = _RELEASE_RANGES
+        for addr, length in ranges:
+            madvise(addr, length, _MADV_DONTNEED)
+    except (OSError, AttributeError, ValueError):
+        _RELEASE_RANGES = (lambda *a: 0, [])  # no /proc or no madvise: nothing to release
