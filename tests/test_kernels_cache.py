@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # One matmul per driver template variant (F32: per-pair loop; Q4_0: rows_dot for N > 1), plus
@@ -142,3 +144,39 @@ def test_fast_start_loads_cached_kernels_that_a_new_compile_can_link(tmp_path):
     entries = [p.read_bytes() for p in tmp_path.rglob("*.nbc")]
     assert entries and not any(b"_environments_without_imports" in e for e in entries)
     assert not second["arrayobj"]
+
+
+# jit.release_library_pages: LLVM's library pages unmapped (they leave the resident set), and
+# compiling, loading and running kernels afterwards works as before (the pages map again).
+_RELEASE = r"""
+import json, sys
+import numba
+import numpy as np
+from synapse_nb.jit import release_library_pages
+from synapse_nb.kernels import ops
+
+def llvm_rss():
+    kb, name = 0, None
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            name = line.split()[-1]
+        elif line.startswith("Rss:") and name.endswith("libllvmlite.so"):
+            kb += int(line.split()[1])
+    return kb
+
+theta = float(ops.rope_theta_scale(np.float32(10000.0), 64))
+before = llvm_rss()
+release_library_pages()
+after = llvm_rss()
+twice = numba.njit(lambda b, n: ops.rope_theta_scale(b, n) * np.float32(2.0))
+print(json.dumps({"before": before, "after": after, "theta": theta,
+                  "again": float(ops.rope_theta_scale(np.float32(10000.0), 64)),
+                  "twice": float(twice(np.float32(10000.0), 64))}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise: Linux")
+def test_release_library_pages_keeps_numba_working(tmp_path):
+    r = json.loads(_run(_RELEASE, tmp_path))
+    assert r["before"] > 10_000 and r["after"] < r["before"] // 2, r  # KiB of libllvmlite.so resident
+    assert r["again"] == r["theta"] and r["twice"] == 2 * r["theta"]
