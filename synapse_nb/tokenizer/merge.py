@@ -26,6 +26,8 @@ import re
 import numpy as np
 from numba import njit
 
+from ..gguf_file import StringArray
+
 _EMPTY = -1
 _ESCAPED = re.compile("[\udc80-\udcff]")  # invalid bytes kept by the GGUF reader
 
@@ -279,9 +281,12 @@ def _string_ids(tok_buf, tok_off, buf, off, sep):
     return res
 
 
-def utf8_buffer(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def utf8_buffer(strs) -> tuple[np.ndarray, np.ndarray]:
     """All strings as one UTF-8 byte buffer and their byte offsets (int64 [n + 1]).
-    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte."""
+    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte.
+    strs: a list of str, or a gguf_file.StringArray (its bytes are read from the file as they are)."""
+    if isinstance(strs, StringArray):
+        return strs.utf8()
     joined = "".join(strs)
     buf = np.frombuffer(joined.encode("utf-8", "surrogateescape"), np.uint8)
     coff = np.zeros(len(strs) + 1, np.int64)
