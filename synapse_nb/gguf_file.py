@@ -2,9 +2,12 @@
 
 The file is mapped read-only; every tensor's `.data` is a uint8 view into the
 mapping (never a copy), so opening a 500 MB model costs only the header parse.
-Strings in arrays (tokenizer.ggml.tokens, tokenizer.ggml.merges: ~150k each on
-Qwen2.5) are decoded in one tight loop over the mapped bytes, about 40x faster
-than gguf.GGUFReader, which builds several numpy views per string.
+Arrays of strings (tokenizer.ggml.tokens, tokenizer.ggml.merges: ~150k each on
+Qwen2.5) are StringArrays: the parse records where each string lies in the map,
+one tight loop over the lengths, and the strings are decoded when read (the
+whole list at once, about 40x faster than gguf.GGUFReader, which builds several
+numpy views per string). The tokenizer reads the merges as UTF-8 bytes straight
+from the map (StringArray.utf8) and never makes them Python strings.
 
 The checks reproduce ggml/src/gguf.cpp (gguf_init_from_file_impl) and
 llama-model-loader.cpp: bad magic, version 1 / 0 / newer than 3 / byte-swapped,
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +80,89 @@ def _show(s: str) -> str:
 
 class _Truncated(Exception):
     """Raised inside the parser when a read runs past the end of the file."""
+
+
+class StringArray(Sequence):
+    """A GGUF ARRAY of STRING, read from the mapped file: a read-only sequence of str.
+
+    Elements are decoded on access (UTF-8, invalid bytes kept as surrogate escapes, as every GGUF
+    string); tolist() decodes them all once and keeps the list (iteration and comparison use it).
+    utf8() gives the exact bytes of all of them without making str objects. Compares equal to a
+    list or tuple of the same strings.
+
+    mv: memoryview of the mapped file; bounds: int64 [n + 1], string i is mv[bounds[i] :
+    bounds[i + 1] - 8] (each string's 8-byte length precedes it; bounds[n] is the end of the last
+    one + 8).
+    """
+
+    __slots__ = ("_mv", "_bounds", "_list")
+
+    def __init__(self, mv: memoryview, bounds: np.ndarray):
+        self._mv, self._bounds, self._list = mv, bounds, None
+
+    def __len__(self) -> int:
+        return self._bounds.shape[0] - 1
+
+    def __getitem__(self, i):
+        if self._list is not None or isinstance(i, slice):
+            return self.tolist()[i]
+        n = len(self)
+        i = int(i)  # an index (a non-integer raises TypeError)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("StringArray index out of range")
+        a, b = int(self._bounds[i]), int(self._bounds[i + 1]) - 8
+        return str(self._mv[a:b], "utf-8", "surrogateescape")
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __contains__(self, x) -> bool:
+        return x in self.tolist()
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, StringArray):
+            other = other.tolist()
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # a sequence compared by value, as list
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings)"
+
+    def tolist(self) -> list[str]:
+        """All strings as a list (decoded on the first call, the same list afterwards)."""
+        if self._list is None:
+            # The hot loop of a tokenizer's load (150k tokens on Qwen2.5): locals only, slices
+            # of a memoryview (no copy before decoding).
+            mv, b = self._mv, self._bounds.tolist()
+            self._list = [str(mv[lo:hi - 8], "utf-8", "surrogateescape") for lo, hi in zip(b, b[1:])]
+        return self._list
+
+    def utf8(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes, offsets): every string's bytes back to back, uint8 [total], and where each
+        starts, int64 [n + 1] (offsets[n] = total); the bytes are the file's, so equal to
+        "".join(strings).encode("utf-8", "surrogateescape")."""
+        b = self._bounds
+        n = b.shape[0] - 1
+        if n == 0:
+            return np.zeros(0, np.uint8), np.zeros(1, np.int64)
+        lens = np.diff(b) - 8
+        lo = int(b[0])
+        span = np.frombuffer(self._mv, np.uint8, count=int(b[-1]) - 8 - lo, offset=lo)
+        # keep each string's bytes, drop the 8-byte length before every string but the first
+        keep = np.empty(2 * n - 1, np.int64)
+        keep[0::2] = lens
+        keep[1::2] = 8
+        pattern = np.zeros(2 * n - 1, np.bool_)
+        pattern[0::2] = True
+        mask = np.repeat(pattern, keep)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return np.ascontiguousarray(span[mask]), offsets
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +232,8 @@ def _infer_type(v) -> tuple[GGUFValueType, GGUFValueType | None]:
                 GGUFValueType.INT64 if -(1 << 63) <= v < 1 << 63 else GGUFValueType.UINT64), None
     if isinstance(v, (float, np.floating)):
         return GGUFValueType.FLOAT32, None
+    if isinstance(v, StringArray):
+        return GGUFValueType.ARRAY, GGUFValueType.STRING
     if isinstance(v, (list, tuple)):
         if all(isinstance(x, str) for x in v):
             return GGUFValueType.ARRAY, GGUFValueType.STRING
@@ -213,7 +302,8 @@ class Metadata:
         """The array value of `key`: elements of GGUF type `etype` (or one of a tuple of types).
 
         length: exact number of elements required; min_length: at least that many.
-        Returns list[str] (STRING) or a 1-D numpy array (numeric; np.bool_ for BOOL);
+        Returns the strings (STRING: a file's StringArray, a dict's list) or a 1-D numpy array
+        (numeric; np.bool_ for BOOL);
         `default` when absent. Raises SynapseError for a scalar, another element type or a
         wrong length.
         """
@@ -256,7 +346,8 @@ class GGUFFile:
     in bytes (general.alignment, default 32).  data_offset: absolute offset of
     the tensor data section.
     kv: key -> value, in file order. Scalars are int / float / bool / str;
-        arrays of strings are list[str]; numeric arrays are 1-D numpy arrays
+        arrays of strings are StringArrays (sequences of str, decoded when read); numeric
+        arrays are 1-D numpy arrays
         (little-endian, views into the map; bool arrays are copied to np.bool_).
         Strings are UTF-8; invalid bytes are kept as surrogate escapes
         (s.encode("utf-8", "surrogateescape") gives back the exact bytes).
@@ -332,26 +423,27 @@ class _Reader:
         self.pos = end
         return s
 
-    def strings(self, n: int) -> list[str]:
-        # The hot loop of the header (150k tokens + 150k merges on Qwen2.5): locals only,
-        # slices of a memoryview (no copy before decoding). A length running past the
-        # end makes a short slice here and is caught by the position check after the loop.
-        mv, pos, unpack = self.mv, self.pos, _U64.unpack_from
-        if pos + 8 * n > self.size:  # each string has at least its 8-byte length: a bad count fails here
+    def strings(self, n: int) -> StringArray:
+        # The hot loop of the header (150k tokens + 150k merges on Qwen2.5): locals only, the
+        # lengths read and the strings' places recorded (decoded when read: StringArray). A
+        # length running past the end is caught by the position check after the loop.
+        mv, pos, unpack, size = self.mv, self.pos, _U64.unpack_from, self.size
+        if pos + 8 * n > size:  # each string has at least its 8-byte length: a bad count fails here
             raise _Truncated(self.where)
-        out = [None] * n
+        bounds = [0] * (n + 1)
         try:
             for i in range(n):
                 (ln,) = unpack(mv, pos)
                 pos += 8
-                out[i] = str(mv[pos : pos + ln], "utf-8", "surrogateescape")
+                bounds[i] = pos
                 pos += ln
-        except (struct.error, OverflowError):  # OverflowError: a length >= 2**63 in the slice
+        except (struct.error, OverflowError):  # OverflowError: past a length >= 2**63
             raise _Truncated(self.where) from None
-        if pos > self.size:
+        if pos > size:
             raise _Truncated(self.where)
+        bounds[n] = pos + 8
         self.pos = pos
-        return out
+        return StringArray(mv, np.array(bounds, np.int64))
 
     def array(self, dtype: np.dtype, n: int) -> np.ndarray:
         end = self.pos + n * dtype.itemsize

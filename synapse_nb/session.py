@@ -371,6 +371,9 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     else:
         batched, single, kinds = _run_needs(hp, n_prompt, n_predict, n_batch,
                                             default_n_ctx(hp) if n_ctx is None else n_ctx)
+    from .jit import release_library_pages
+
+    release_library_pages()  # LLVM's pages touched by the imports and the model's load
     s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
     ws = s.state.attn_ws
     # the warm-up forwards' attention takes a kind the run uses (per decode / prefill), the
@@ -404,6 +407,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         if progress:
             progress(i, len(steps), name)
         run()
+    release_library_pages()  # and by the kernels' loads: a forward runs none of that code
     if progress:
         progress(len(steps), len(steps), "done")
 

@@ -7,7 +7,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quant_shape_to_byte_shape
 
 from synapse_nb.errors import SynapseError
-from synapse_nb.gguf_file import open_gguf
+from synapse_nb.gguf_file import StringArray, open_gguf
 
 
 def _addr(a: np.ndarray) -> int:
@@ -31,7 +31,9 @@ def assert_matches_reader(path):
         if vtype == GGUFValueType.ARRAY:
             assert etype == f.types[-1], k
             if etype == GGUFValueType.STRING:
-                assert isinstance(v, list), k
+                assert isinstance(v, StringArray) and len(v) == len(ref), k
+                assert not ref or (v[0], v[-1]) == (ref[0], ref[-1]), k  # decoded one by one
+                v = v.tolist()
             else:
                 assert isinstance(v, np.ndarray) and v.ndim == 1, k
                 v = v.tolist()
@@ -98,6 +100,8 @@ def test_all_value_types_and_custom_alignment(tmp_path):
     g = assert_matches_reader(path)
     assert g.alignment == 64 and g.data_offset % 64 == 0
     assert g.kv["test.array.string"] == ["", "a", "日本語", "x" * 1000]
+    buf, offsets = open_gguf(path).kv["test.array.string"].utf8()  # bytes read from the file as they are
+    assert buf.tobytes() == "a日本語".encode() + b"x" * 1000 and offsets.tolist() == [0, 0, 1, 10, 1010]
     assert g.kv["test.scalar.bool"] is True and g.kv["test.array.bool"].dtype == np.bool_
     assert np.array_equal(g.tensors["b"].data.view(np.float16).reshape(3, 5), np.ones((3, 5), np.float16))
     assert g.tensors["c"].rows().shape == (6, 16)
@@ -112,7 +116,10 @@ def test_invalid_utf8_is_kept_as_surrogate_escapes(tmp_path):
     w.write_tensors_to_file()
     w.close()
     toks = open_gguf(path).kv["test.tokens"]
+    assert toks[1].encode("utf-8", "surrogateescape") == b"\xff\xfe"
     assert [t.encode("utf-8", "surrogateescape") for t in toks] == [b"ok", b"\xff\xfe", b"\xe2\x82"]
+    buf, offsets = toks.utf8()  # the file's bytes, never decoded
+    assert buf.tobytes() == b"ok\xff\xfe\xe2\x82" and offsets.tolist() == [0, 2, 4, 6]
 
 
 # ---------------------------------------------------------------- damaged files

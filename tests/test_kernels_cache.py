@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # One matmul per driver template variant (F32: per-pair loop; Q4_0: rows_dot for N > 1), plus
@@ -108,7 +110,7 @@ def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
 # only when needed. A kernel that allocates (NRT), then a new function compiled in the same process
 # that calls a loaded kernel (links in its bitcode: parsed then, after the registries load).
 _FAST_START = r"""
-import glob, json, os
+import glob, json, os, sys
 import numba
 import numpy as np
 from synapse_nb.jit import fast_start
@@ -121,11 +123,13 @@ class W:
     data = np.arange(192, dtype=np.float32).view(np.uint8)
 rows = get_rows(W(), [2, 0])  # _deq_f32 (parallel, allocates nothing) and the checks
 theta = float(ops.rope_theta_scale(np.float32(10000.0), 64))
+arrayobj = "numba.np.arrayobj" in sys.modules  # loads import none of Numba's implementations
 twice = numba.njit(lambda b, n: ops.rope_theta_scale(b, n) * np.float32(2.0))
 s = ops.rope_theta_scale.stats
 print(json.dumps({"rows": rows[:, :2].tolist(), "theta": theta, "twice": float(twice(np.float32(10000.0), 64)),
                   "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values()),
-                  "nrt": len(glob.glob(os.path.join(cache_dir(), "numba_nrt-*.nbc")))}))
+                  "nrt": len(glob.glob(os.path.join(cache_dir(), "numba_nrt-*.nbc"))),
+                  "arrayobj": arrayobj}))
 """
 
 
@@ -136,3 +140,44 @@ def test_fast_start_loads_cached_kernels_that_a_new_compile_can_link(tmp_path):
     assert second["hits"] > 0 and second["misses"] == 0 and second["nrt"] == 1
     assert second["rows"] == first["rows"] == [[128.0, 129.0], [0.0, 1.0]]
     assert second["theta"] == first["theta"] and second["twice"] == first["twice"] == 2 * first["theta"]
+    # the entries refer to Numba's environment rebuild by name (not a copy of fast_start's
+    # replacement, whose frozen globals would import numba.np.arrayobj at every load)
+    entries = [p.read_bytes() for p in tmp_path.rglob("*.nbc")]
+    assert entries and not any(b"_environments_without_imports" in e for e in entries)
+    assert not second["arrayobj"]
+
+
+# jit.release_library_pages: LLVM's library pages unmapped (they leave the resident set), and
+# compiling, loading and running kernels afterwards works as before (the pages map again).
+_RELEASE = r"""
+import json, sys
+import numba
+import numpy as np
+from synapse_nb.jit import release_library_pages
+from synapse_nb.kernels import ops
+
+def llvm_rss():
+    kb, name = 0, None
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            name = line.split()[-1]
+        elif line.startswith("Rss:") and name.endswith("libllvmlite.so"):
+            kb += int(line.split()[1])
+    return kb
+
+theta = float(ops.rope_theta_scale(np.float32(10000.0), 64))
+before = llvm_rss()
+release_library_pages()
+after = llvm_rss()
+twice = numba.njit(lambda b, n: ops.rope_theta_scale(b, n) * np.float32(2.0))
+print(json.dumps({"before": before, "after": after, "theta": theta,
+                  "again": float(ops.rope_theta_scale(np.float32(10000.0), 64)),
+                  "twice": float(twice(np.float32(10000.0), 64))}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise: Linux")
+def test_release_library_pages_keeps_numba_working(tmp_path):
+    r = json.loads(_run(_RELEASE, tmp_path))
+    assert r["before"] > 10_000 and r["after"] < r["before"] // 2, r  # KiB of libllvmlite.so resident
+    assert r["again"] == r["theta"] and r["twice"] == 2 * r["theta"]

@@ -17,6 +17,7 @@ from itertools import chain
 
 import numpy as np
 
+from ..gguf_file import StringArray
 from .merge import PairTable, merge_part_ids
 from .pretokenize import PreTokenizer
 from .vocab import BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, Vocab
@@ -33,7 +34,8 @@ def _split_merge(m: str) -> tuple[str, str]:
 class BPE:
     """BPE merges and pre-tokenizer of one vocabulary.
 
-    merges: list[str] (tokenizer.ggml.merges). tokenize_fragment(text, out) appends the
+    merges: list[str] or gguf_file.StringArray (tokenizer.ggml.merges: read as bytes, never
+    decoded but for merges whose parts are not tokens). tokenize_fragment(text, out) appends the
     ids of `text` (a fragment without special tokens) to the list `out`.
     """
 
@@ -46,8 +48,8 @@ class BPE:
         self._extra: dict[str, int] = {}  # strings in merges that are not tokens -> extra ids
         self._extra_strs: list[str] = []
 
-        if not isinstance(merges, list):
-            raise TypeError("merges must be a list of str")
+        if not isinstance(merges, (list, StringArray)):
+            raise TypeError("merges must be a list of str or a gguf_file.StringArray")
         ids = merge_part_ids(vocab.tokens, merges)
         left, right, result = ids[:, 0], ids[:, 1], ids[:, 2]
         missing = np.flatnonzero((ids == -1).any(axis=1))

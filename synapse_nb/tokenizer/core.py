@@ -34,7 +34,7 @@ class Tokenizer:
     tokenizer.chat_template, str or None), source_name (the file, for messages).
     """
 
-    def __init__(self, vocab: Vocab, merges: list[str] | None = None):
+    def __init__(self, vocab: Vocab, merges=None):
         self.vocab = vocab
         self.type = vocab.type
         if vocab.type == TYPE_BPE:

@@ -26,6 +26,8 @@ import re
 import numpy as np
 from numba import njit
 
+from ..gguf_file import StringArray
+
 _EMPTY = -1
 _ESCAPED = re.compile("[\udc80-\udcff]")  # invalid bytes kept by the GGUF reader
 
@@ -39,15 +41,14 @@ def _hash(key):
 
 @njit(cache=True)
 def _build_pair_table(left, right, prio, result, n_ids):
-    # prio: int64 dense ranks (lower merges first)
+    # prio: int32 ranks >= 0 (lower merges first). A slot holds its pair as the key
+    # left * n_ids + right (both ids in [0, n_ids)), its rank and its merged id.
     n = left.shape[0]
     size = 16
     while size < 2 * n + 2:
         size *= 2
     keys = np.full(size, _EMPTY, np.int64)
-    trank = np.zeros(size, np.int64)
-    tl = np.full(size, -3, np.int32)
-    tr = np.full(size, -3, np.int32)
+    trank = np.zeros(size, np.int32)
     tres = np.zeros(size, np.int32)
     mask = size - 1
     for i in range(n):
@@ -62,14 +63,12 @@ def _build_pair_table(left, right, prio, result, n_ids):
             if k == _EMPTY:
                 keys[h] = key
                 trank[h] = prio[i]
-                tl[h] = a
-                tr[h] = b
                 tres[h] = result[i]
                 break
             if k == key:  # first one wins (llama.cpp: bpe_ranks.emplace keeps the lowest rank)
                 break
             h = (h + 1) & mask
-    return keys, trank, tl, tr, tres
+    return keys, trank, tres
 
 
 @njit(cache=True, inline="always")
@@ -129,12 +128,12 @@ def _pop(hk, hs, hn):
 
 
 @njit(cache=True)
-def _merge_words(sym, starts, keys, trank, tl, tr, tres, n_ids, out, out_starts):
+def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts):
     """Merge the symbols of each word.
 
     sym: int32 [n] initial symbol ids of all words, concatenated.
     starts: int64 [n_words + 1] word boundaries in sym.
-    keys/trank/tl/tr/tres: the pair table (key, rank, left id, right id, merged id).
+    keys/trank/tres: the pair table (key = left id * n_ids + right id, rank, merged id).
     out: int32 [n] receives the final symbols; out_starts: int64 [n_words + 1] their
     boundaries. Returns the number of output symbols.
     """
@@ -165,17 +164,20 @@ def _merge_words(sym, starts, keys, trank, tl, tr, tres, n_ids, out, out_starts)
         for i in range(n - 1):
             slot = _find(keys, n_ids, cur[i], cur[i + 1])
             if slot >= 0:
-                hn = _push(hk, hs, hn, (trank[slot] << 32) | i, slot)
+                hn = _push(hk, hs, hn, (np.int64(trank[slot]) << 32) | i, slot)
         while hn > 0:
             l = np.int32(hk[0] & 0xFFFFFFFF)
             slot = hs[0]
             hn = _pop(hk, hs, hn)
             # stale: the left symbol was merged away or changed, or its right neighbour
-            # is not the one queued (cur == -2 marks merged-away symbols)
-            if cur[l] != tl[slot]:
-                continue
+            # is not the one queued (cur == -2 marks merged-away symbols; a pair of ids >= 0
+            # is the slot's pair exactly when it gives the slot's key)
+            a = cur[l]
             r = nxt[l]
-            if r < 0 or cur[r] != tr[slot]:
+            if a < 0 or r < 0:
+                continue
+            b = cur[r]
+            if b < 0 or np.int64(a) * n_ids + b != keys[slot]:
                 continue
             cur[l] = tres[slot]
             cur[r] = -2
@@ -188,11 +190,11 @@ def _merge_words(sym, starts, keys, trank, tl, tr, tres, n_ids, out, out_starts)
             if x >= 0:
                 slot2 = _find(keys, n_ids, cur[x], cur[l])
                 if slot2 >= 0:
-                    hn = _push(hk, hs, hn, (trank[slot2] << 32) | x, slot2)
+                    hn = _push(hk, hs, hn, (np.int64(trank[slot2]) << 32) | x, slot2)
             if nr >= 0:
                 slot2 = _find(keys, n_ids, cur[l], cur[nr])
                 if slot2 >= 0:
-                    hn = _push(hk, hs, hn, (trank[slot2] << 32) | l, slot2)
+                    hn = _push(hk, hs, hn, (np.int64(trank[slot2]) << 32) | l, slot2)
         i = 0
         while i >= 0:
             out[o] = cur[i]
@@ -279,9 +281,12 @@ def _string_ids(tok_buf, tok_off, buf, off, sep):
     return res
 
 
-def utf8_buffer(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def utf8_buffer(strs) -> tuple[np.ndarray, np.ndarray]:
     """All strings as one UTF-8 byte buffer and their byte offsets (int64 [n + 1]).
-    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte."""
+    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte.
+    strs: a list of str, or a gguf_file.StringArray (its bytes are read from the file as they are)."""
+    if isinstance(strs, StringArray):
+        return strs.utf8()
     joined = "".join(strs)
     buf = np.frombuffer(joined.encode("utf-8", "surrogateescape"), np.uint8)
     coff = np.zeros(len(strs) + 1, np.int64)
@@ -321,14 +326,15 @@ class PairTable:
     def __init__(self, left, right, prio, result, n_ids: int):
         self.n_ids = int(max(n_ids, 1))
         prio = np.asarray(prio)
-        if prio.dtype.kind == "f":  # dense integer ranks, equal priorities stay equal
+        if prio.dtype.kind == "f" or (prio.size and (prio.min() < 0 or prio.max() >= 2**31)):
+            # dense integer ranks (the same order; equal priorities stay equal), int32
             _, rank = np.unique(prio, return_inverse=True)
         else:
             rank = prio
-        self.keys, self.rank, self.left, self.right, self.result = _build_pair_table(
+        self.keys, self.rank, self.result = _build_pair_table(
             np.ascontiguousarray(left, np.int32),
             np.ascontiguousarray(right, np.int32),
-            np.ascontiguousarray(rank, np.int64),
+            np.ascontiguousarray(rank, np.int32),
             np.ascontiguousarray(result, np.int32),
             np.int64(self.n_ids),
         )
@@ -350,6 +356,5 @@ class PairTable:
             raise ValueError("merge: word too long")
         out = np.empty(sym.shape[0], np.int32)
         out_starts = np.empty(n_words + 1, np.int64)
-        m = _merge_words(sym, starts, self.keys, self.rank, self.left, self.right, self.result,
-                         np.int64(self.n_ids), out, out_starts)
+        m = _merge_words(sym, starts, self.keys, self.rank, self.result, np.int64(self.n_ids), out, out_starts)
         return out[:m], out_starts

@@ -20,7 +20,7 @@ from ..gguf_spec import GGUFValueType as VT
 from ..gguf_spec import Keys
 
 from ..errors import SynapseError
-from ..gguf_file import Metadata
+from ..gguf_file import Metadata, StringArray
 
 # llama.h enum llama_token_attr
 ATTR_UNDEFINED = 0
@@ -153,6 +153,8 @@ class Vocab:
         self.add_space_prefix = meta.get(Keys.Tokenizer.ADD_PREFIX, VT.BOOL, self.add_space_prefix)
 
         tokens = meta.get_array(Keys.Tokenizer.LIST, VT.STRING)
+        if isinstance(tokens, StringArray):
+            tokens = tokens.tolist()  # decoded once: the file's array keeps the same list
         n = len(tokens)
         if n == 0:
             raise SynapseError(f"{where}{Keys.Tokenizer.LIST} is empty")
