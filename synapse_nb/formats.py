@@ -183,8 +183,9 @@ class BlockFormat:
         return f"rows_dot_{self.stem}_{format_of(self.vec_dot_type).stem}"
 
     def vec_dot4_name(self) -> str:
-        """Name of the optional four-weight-row dot function (vec_dot4_<stem>_<act stem>)."""
-        return f"vec_dot4_{self.stem}_{format_of(self.vec_dot_type).stem}"
+        """Name of the optional four-weight-row dot function (vec_dot4_<stem>[_<act stem>], as
+        vec_dot_name)."""
+        return self.vec_dot_name().replace("vec_dot_", "vec_dot4_", 1)
 
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of k values (k a multiple of block_size)."""

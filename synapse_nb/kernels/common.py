@@ -442,6 +442,24 @@ def ir_high_bits64(builder, p0, p1):
 PREFETCH_GROUPS = 2  # how many 4-row groups ahead make_block4_dot prefetches the weights
 
 
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Prefetch (llvm.prefetch: read, keep in all caches) the cache line at byte off of arr's
+    data (an array, flat offset). A prefetch past the end of the mapping is dropped, never a
+    fault; it changes no value."""
+    sig = types.void(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a, o = args
+        p = builder.gep(_data(context, builder, signature.args[0], a), [o])
+        pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        builder.call(pf, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch=True):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)

@@ -49,7 +49,7 @@ from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
-                     make_block_lanes_fma, ptr_offset, reduce_add_16, stack_f32,
+                     make_block_lanes_fma, PREFETCH_GROUPS, prefetch, ptr_offset, reduce_add_16, stack_f32,
                      u32_as_f32)  # (F401: some are used by the generated code only)
 
 
@@ -521,6 +521,39 @@ def vec_dot_bf16(w_row, a_row, scratch):
     for i in range(npart, wh.size):
         sumd += np.float64(_bf16(wh[i]) * _bf16(xh[i]))
     return np.float32(sumd)
+
+
+@njit(cache=True, error_model="numpy")
+def vec_dot4_bf16(y, m, w, a_row):
+    """y[m + r] = vec_dot_bf16(w[m + r], a_row) for r < 4, bit for bit: each row's 32 lanes take
+    vec_dot_bf16's products and adds in its order; the activation's conversions are shared and
+    the four rows' accumulator chains overlap (one row is bound by its add latency)."""
+    xh = a_row.view(np.uint16)
+    w0, w1, w2, w3 = w[m].view(np.uint16), w[m + 1].view(np.uint16), w[m + 2].view(np.uint16), w[m + 3].view(np.uint16)
+    acc = carray(stack_f32(128), 128)  # row r's lane t at 32 r + t
+    for t in range(128):
+        acc[t] = np.float32(0.0)
+    n = xh.size
+    npart = n - n % 64
+    # the group PREFETCH_GROUPS ahead (rows m + 4 G .., adjacent: one region of 4 rows), fetched
+    # at the rate this one is read (4 x 128 bytes a step), as make_block4_dot does
+    ahead = (m + 4 * PREFETCH_GROUPS) * w.shape[1]
+    for i in range(0, npart, 64):
+        for line in range(0, 512, 64):
+            prefetch(w, ahead + 8 * i + line)
+        for t in range(32):
+            x1, x0 = _bf16(xh[i + 2 * t + 1]), _bf16(xh[i + 2 * t])
+            acc[t] = (acc[t] + _bf16(w0[i + 2 * t + 1]) * x1) + _bf16(w0[i + 2 * t]) * x0
+            acc[32 + t] = (acc[32 + t] + _bf16(w1[i + 2 * t + 1]) * x1) + _bf16(w1[i + 2 * t]) * x0
+            acc[64 + t] = (acc[64 + t] + _bf16(w2[i + 2 * t + 1]) * x1) + _bf16(w2[i + 2 * t]) * x0
+            acc[96 + t] = (acc[96 + t] + _bf16(w3[i + 2 * t + 1]) * x1) + _bf16(w3[i + 2 * t]) * x0
+    for r in range(4):
+        wr = w[m + r].view(np.uint16)
+        sumd = np.float64(reduce_add_16(acc[32 * r:32 * r + 16]))
+        sumd += np.float64(reduce_add_16(acc[32 * r + 16:32 * r + 32]))
+        for i in range(npart, n):
+            sumd += np.float64(_bf16(wr[i]) * _bf16(xh[i]))
+        y[m + r] = np.float32(sumd)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
