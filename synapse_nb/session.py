@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
+from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .hparams import HParams
 from .kernels import attention as _attn
@@ -136,7 +138,8 @@ class Session:
 
     Build with Session(model, n_ctx=None, n_threads=None, n_batch=64).
     n_ctx: cache positions (default min(n_ctx_train, 4096)); n_threads: Numba threads used by
-    eval (default: Numba's current setting; results do not depend on it); n_batch: tokens per
+    eval (default: Numba's current setting; results do not depend on it; with n_threads > 1 a
+    one-token eval may take 1 while that is faster, see decode_threads); n_batch: tokens per
     forward. Raises SynapseError for values out of range.
     """
 
@@ -162,6 +165,7 @@ class Session:
         self.n_ctx = int(n_ctx)
         self.n_batch = int(min(n_batch, n_ctx))
         self.n_threads = n_threads
+        self._decode_threads = None  # made by the first decode step, see eval
         try:
             self.cache = KVCache(hp, self.n_ctx)
         except (MemoryError, OSError) as e:  # the cache's anonymous mappings could not be made
@@ -217,7 +221,17 @@ class Session:
         n = int(ids.size)
         if self._n_past + n > self.n_ctx:
             raise SynapseError(f"context full: {self._n_past} cached + {n} new tokens exceed n_ctx = {self.n_ctx}")
-        if self.n_threads is not None:
+        step = None
+        if n == 1 and self.n_threads is not None and self.n_threads > 1:
+            # a decode step: on fewer threads while that is faster (a busy machine), see decode_threads
+            step = self._decode_threads
+            if step is None or step.n != self.n_threads:
+                step = self._decode_threads = DecodeThreads(self.n_threads)
+        if step is not None:
+            threads = step.threads()
+            numba.set_num_threads(threads)
+            t0 = time.perf_counter()
+        elif self.n_threads is not None:
             numba.set_num_threads(self.n_threads)
         out = np.empty((n, hp.n_vocab), np.float32) if all_logits else None
         last = None
@@ -231,6 +245,8 @@ class Session:
                 out[b0:b0 + len(batch)] = logits
             elif want:
                 last = logits[-1].copy()
+        if step is not None:
+            step.record(threads, time.perf_counter() - t0)
         return out if all_logits else last
 
     def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None,

@@ -359,3 +359,52 @@ def test_inf_in_weights_gives_no_exception(tmp_path):
     bad.write_bytes(bytes(data))
     logits = Session(load_model(bad), n_ctx=16).eval([1, 5, 9])
     assert logits.shape == (512,)
+
+
+def test_decode_threads_switch_only_when_the_other_count_is_faster():
+    """DecodeThreads: on an idle machine (1 thread 1.45x slower, noise of +-10%) it stays on n
+    threads; when n-thread steps slow down 2.5x (a busy neighbour) it moves to 1 within a period,
+    and back once the load is gone. Every step's count is one it reports with threads()."""
+    import random
+
+    from synapse_nb.decode_threads import DecodeThreads
+
+    rng = random.Random(0)
+    d = DecodeThreads(2)
+    P = d.PERIOD
+
+    def run(periods, t2, t1):
+        used = []
+        for _ in range(periods * P):
+            t = d.threads()
+            used.append(t)
+            d.record(t, (t2 if t == 2 else t1) * rng.uniform(0.9, 1.1))
+        return used
+
+    idle = run(5, 4.3, 6.2)
+    assert d.current == 2 and idle.count(1) == 5 * d.PROBES  # only the probes ran on 1 thread
+    busy = run(3, 15.0, 6.2)
+    assert d.current == 1 and busy[:P].count(2) == P - d.PROBES and busy[2 * P:].count(1) == P - d.PROBES
+    again = run(2, 4.3, 6.2)
+    assert d.current == 2 and again[P:].count(2) == P - d.PROBES
+
+
+def test_decode_steps_on_chosen_threads_give_the_same_tokens():
+    """A Session whose decode steps alternate between 1 and 2 threads (DecodeThreads probing on
+    every other step) produces the same greedy tokens and logits as one on 1 thread."""
+    from synapse_nb import decode_threads as D
+
+    m = model("tiny-llama-q4_0")
+    ref = Session(m, n_ctx=64, n_threads=1)
+    want = ref.generate([1, 2, 3], 12, ignore_eos=True)
+    old = D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES
+    D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES = 2, 1
+    try:
+        s = Session(m, n_ctx=64, n_threads=2)
+        assert s.generate([1, 2, 3], 12, ignore_eos=True) == want
+        import numba
+
+        if numba.config.NUMBA_NUM_THREADS > 1:  # (Session caps n_threads at Numba's pool)
+            assert s._decode_threads is not None and s._decode_threads._step > 0
+    finally:
+        D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES = old
