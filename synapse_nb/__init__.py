@@ -9,7 +9,9 @@ Modules, one concern each:
   formats     ggml block formats: layouts and NumPy references
   kernels/    Numba kernels: activation quantizers, dots, matvec/matmul, attention
   model       the Llama-family graph (Model, forward)
-  session     KV cache, prefill/decode loop, prefill check
+  session     KV cache, prefill/decode loop, prefill check, warmup
+  compile_helper  the second process of a cold warm-up
+  decode_threads  a decode step's thread count, from its measured time
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
   chat        chat templates rendered as llama.cpp, conversations on one KV cache
