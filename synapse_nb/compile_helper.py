@@ -103,27 +103,12 @@ class Helper:
         except OSError:
             self._proc = False  # no helper: the warm-up compiles everything itself
 
-    @contextlib.contextmanager
     def on_first_compile(self):
         """Within the block, start the helper when Numba first compiles something (run the block
         and wait() within locked_cache_saves)."""
-        from numba.core import event
+        from .jit import watch_compiles
 
-        helper = self
-
-        class _Start(event.Listener):
-            def on_start(self, ev):
-                helper._start()
-
-            def on_end(self, ev):
-                pass
-
-        listener = _Start()
-        event.register("numba:compile", listener)
-        try:
-            yield
-        finally:
-            event.unregister("numba:compile", listener)
+        return watch_compiles(lambda name: self._start())
 
     def wait(self):
         """Wait for the helper to finish (if it started); kill it after TIMEOUT_S."""

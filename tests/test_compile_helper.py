@@ -1,0 +1,72 @@
+"""synapse_nb.compile_helper: a cold warm-up's second compiling process, and its cache-save lock."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_nb import compile_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q4_0.gguf"
+
+_WARMUP = r"""
+import json, sys
+from synapse_nb.jit import watch_compiles
+from synapse_nb.model import load_model
+from synapse_nb.session import Session, warmup
+m = load_model(sys.argv[1])
+names = []
+with watch_compiles(names.append):
+    warmup(m, n_prompt=5, n_predict=4, n_ctx=64, jobs=2)
+s = Session(m, n_ctx=64, n_threads=2)
+print(json.dumps({"compiled": names, "tokens": s.generate([1, 2, 3, 4, 5], 4, ignore_eos=True)}))
+"""
+
+
+def _run(cache):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
+def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path):
+    """With an empty cache the warm-up's process compiles the batched forward's kernels only:
+    the decode drivers (_mv_*) and the decode attention entry come from the helper's process,
+    through the cache. A second process then compiles nothing, and both decode the same tokens."""
+    first = _run(tmp_path)
+    assert any(n.startswith("_mm_") for n in first["compiled"])  # this process compiled the batched half
+    assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
+    second = _run(tmp_path)
+    assert second["compiled"] == [] and second["tokens"] == first["tokens"]
+
+
+@pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
+def test_cache_saves_wait_for_the_directory_lock(tmp_path):
+    """Within locked_cache_saves, a Numba cache save waits while another holder (here this test,
+    as the other process would) has the cache directory's lock, then completes."""
+    import fcntl
+
+    from numba.core.caching import IndexDataCacheFile
+
+    f = IndexDataCacheFile(str(tmp_path), "fn", "stamp")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    done = []
+    with compile_helper.locked_cache_saves():
+        t = threading.Thread(target=lambda: (f.save("key", b"data"), done.append(1)))
+        t.start()
+        time.sleep(0.3)
+        assert not done  # blocked on the lock
+        os.close(fd)  # release
+        t.join(10)
+    assert done and f.load("key") == b"data"
+    assert IndexDataCacheFile.save is not None and "locked" not in IndexDataCacheFile.save.__name__  # restored
