@@ -5,15 +5,16 @@ half in Python, so a first run (an empty cache) uses one core however many the m
 session.warmup's two forwards compile disjoint sets of kernels when the batched one keeps all
 its logits (every kernel call has N > 1 rows: the _mm_ drivers, the parallel row ops, prefill
 attention) and the single-token one has one row (the _mv_ drivers, the serial ops, decode
-attention). So while the warm-up runs the batched forward, this process (``python -m
-synapse_nb.compile_helper``) runs the single-token forward on the same model into the same cache;
-the warm-up then runs its single-token forward, which loads what this process wrote.
+attention). So while the warm-up runs the batched forward, this process (main(), started with
+the parent's own package first on sys.path: the cache entries are keyed by source file) runs
+the single-token forward on the same model into the same cache; the warm-up then runs its
+single-token forward, which loads what this process wrote.
 
 A Helper starts the process only when the warm-up really compiles (Numba's first
 "numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it
 touches its kernels. Nothing depends on it for correctness: a kernel it did not write in time
 (it failed, or was killed) is compiled by the warm-up as without it, and its outputs go to
-/dev/null (stdout is the product).
+/dev/null (stdout is the product). It exits when the warm-up's process is gone.
 
 Both processes save to the same cache files, so while a Helper runs each of them takes an
 exclusive lock on the cache directory around Numba's index update and data write
@@ -64,18 +65,6 @@ def locked_cache_saves():
         cls.save = save
 
 
-def _die_with_parent():
-    """preexec_fn: the kernel sends SIGTERM to the helper when the warm-up's process exits
-    (prctl PR_SET_PDEATHSIG), so a killed run leaves no compiler behind."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class Helper:
     """The helper process of one warm-up: the single-token forward (and the attention kernels of
     ``rest``, see session.warmup) on the model at ``path``, with ``override`` as the warm-up
@@ -85,7 +74,7 @@ class Helper:
     TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
 
     def __init__(self, path, override: dict, rest):
-        self._args = [str(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest)})]
+        self._args = [os.path.abspath(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest)})]
         self._proc = None
 
     def _start(self):
@@ -93,13 +82,16 @@ class Helper:
             return
         import synapse_nb
 
-        env = dict(os.environ)  # the same cache directory and Numba settings
-        root = os.path.dirname(os.path.dirname(os.path.abspath(synapse_nb.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        # The child must import this very package (its kernels' cache entries are keyed by their
+        # source files): its directory goes first on sys.path, before the working directory
+        # (which may hold another copy, e.g. a source checkout beside an installed package).
+        pkg = os.path.dirname(os.path.abspath(synapse_nb.__file__))
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from synapse_nb.compile_helper import main; "
+                "sys.exit(main(sys.argv[2:]))")
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "synapse_nb.compile_helper", *self._args],
+            self._proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(pkg), pkg, *self._args],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+                                          stderr=subprocess.DEVNULL)
         except OSError:
             self._proc = False  # no helper: the warm-up compiles everything itself
 
@@ -120,10 +112,32 @@ class Helper:
                 self._proc.wait()
 
 
+def _exit_with_parent():
+    """A daemon thread that ends this process when the warm-up's process is gone (killed), so
+    that a killed run leaves no compiler behind (what it saved is complete: saves are atomic)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main(argv) -> int:
-    """The helper process: argv = [model path, JSON {"override": [[decode, parallel], ...],
-    "rest": [[decode, parallel], ...]}]."""
-    path, spec = argv[0], json.loads(argv[1])
+    """The helper process: argv = [the parent's synapse_nb package directory, model path, JSON
+    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...]}]. Returns 2 without
+    compiling anything when this process imported another synapse_nb than the parent."""
+    import synapse_nb
+
+    if os.path.dirname(os.path.abspath(synapse_nb.__file__)) != argv[0]:
+        return 2
+    _exit_with_parent()
+    path, spec = argv[1], json.loads(argv[2])
     from .kernels import attention as _attn
     from .model import load_model
     from .session import Session
@@ -140,7 +154,3 @@ def main(argv) -> int:
             _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k,
                                   hp.head_dim_v, model._kq_scale, ws, rest)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -17,6 +17,7 @@ TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q4_0.gguf"
 
 _WARMUP = r"""
 import json, sys
+sys.path.insert(0, sys.argv[2])  # this checkout's package, whatever the working directory holds
 from synapse_nb.jit import watch_compiles
 from synapse_nb.model import load_model
 from synapse_nb.session import Session, warmup
@@ -29,23 +30,33 @@ print(json.dumps({"compiled": names, "tokens": s.generate([1, 2, 3, 4, 5], 4, ig
 """
 
 
-def _run(cache):
+def _run(cache, cwd=ROOT):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY)], cwd=ROOT, env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY), str(ROOT)], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
-def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path):
+@pytest.mark.parametrize("other_copy_in_cwd", [False, True])
+def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path, other_copy_in_cwd):
     """With an empty cache the warm-up's process compiles the batched forward's kernels only:
     the decode drivers (_mv_*) and the decode attention entry come from the helper's process,
-    through the cache. A second process then compiles nothing, and both decode the same tokens."""
-    first = _run(tmp_path)
+    through the cache. A second process then compiles nothing, and both decode the same tokens.
+    Also from a working directory holding another copy of the package (a source checkout beside
+    an installed one): the helper must import the parent's, or its cache entries are another's."""
+    import shutil
+
+    cwd = ROOT
+    if other_copy_in_cwd:
+        cwd = tmp_path / "elsewhere"
+        shutil.copytree(ROOT / "synapse_nb", cwd / "synapse_nb", ignore=shutil.ignore_patterns("__pycache__"))
+    tmp_path = tmp_path / "cache"
+    first = _run(tmp_path, cwd)
     assert any(n.startswith("_mm_") for n in first["compiled"])  # this process compiled the batched half
     assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
-    second = _run(tmp_path)
+    second = _run(tmp_path, cwd)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
 
 
