@@ -228,3 +228,14 @@ def test_serial_kernel_from_the_cache_runs_as_a_process_first_kernel():
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=root, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_vector_plan_exists_for_every_gqa_up_to_64():
+    """VectorPlan: for 1..64 query heads per KV head (and the prefill item size R the workspace
+    uses) the q.k and p.V calls take at most two query counts each, within the kernels' limits."""
+    for gqa in range(1, 65):
+        for hd in (64, 128):
+            R = A._ws_sizes(gqa, 1, hd, hd, 64)[2]
+            n64, qa, qb, pa, pb = A.VectorPlan(gqa, R, hd // 64)
+            assert n64 == hd // 64 and 1 <= qa <= qb <= A.QK_MAX_Q and 1 <= pa <= pb <= A.PV_MAX_Q4, (gqa, hd)
+            assert A.Workspace(64, gqa, 1, hd, hd).plan == (n64, qa, qb, pa, pb)

@@ -50,7 +50,7 @@ from numba import get_thread_id, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .common import HAS_F16C, _ir_f16_to_f32, f16_to_f32, f32_bits, f32_to_f16_bits, fma32
+from .common import HAS_F16C, _ir_f16_to_f32, f16_to_f32, f32_bits, f32_to_f16_bits, fma32, ir_prefetch
 from .ops import _C1, _C2, _C3, _C4, _C5, _LN2_HI, _LN2_LO, _LOG2E
 
 _F32 = np.float32
@@ -276,13 +276,6 @@ def _vstore(builder, v, base, off):
     builder.store(v, builder.bitcast(builder.gep(base, [off]), _V16F.as_pointer()), align=4)
 
 
-def _prefetch(builder, p):
-    i8p = ir.IntType(8).as_pointer()
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
-                                        "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(p, i8p), _I32(0), _I32(3), _I32(1)])
-
-
 def _literal(t):
     return t.literal_value if isinstance(t, types.IntegerLiteral) else None
 
@@ -320,7 +313,7 @@ def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
             odd = builder.and_(col.index, intp(1))
             pf = builder.gep(kp, [builder.add(kc0, builder.add(intp(PREFETCH_K), builder.mul(odd, intp(KT))))])
             for i in range(0, 64 * S, 2):
-                _prefetch(builder, builder.gep(pf, [intp(i * KT)]))
+                ir_prefetch(builder, builder.gep(pf, [intp(i * KT)]))
             def lane(l, d):  # lane l + d of every query, after all steps
                 acc = [zero] * R
                 for s in range(S):
@@ -386,7 +379,7 @@ def pv_chain(typingctx, acc, ao, as_, fresh, vc, vo, vs, w, wo, ws, m0, m1, nq, 
             m = loop.index
             vrow = builder.add(vov, builder.mul(m, vsv))
             for d in range(0, DV, 2):  # one 64-byte line per 32 channels
-                _prefetch(builder, builder.gep(vp, [builder.add(vrow, intp(PREFETCH_AHEAD + 16 * d))]))
+                ir_prefetch(builder, builder.gep(vp, [builder.add(vrow, intp(PREFETCH_AHEAD + 16 * d))]))
             vv = [_f16x16(builder, vp, builder.add(vrow, intp(16 * d))) for d in range(DV)]
             woff = builder.mul(m, intp(KT))
             for r in range(R):
@@ -635,11 +628,13 @@ def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq, pa, pb):
         pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, pb, 4)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _chunk(n, cap):
+def _chunk_size(n, cap):
     """Size of the chunks when n queries are taken at most cap at a time, as evenly as possible."""
     k = (n + cap - 1) // cap
     return (n + k - 1) // k
+
+
+_chunk = njit(cache=True, error_model="numpy", inline="always")(_chunk_size)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -835,7 +830,7 @@ def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa,
 
 def _chunk_sizes(n, cap):
     """The sizes of the chunks _chunk cuts n queries into (at most two distinct values)."""
-    cs = (n + (n + cap - 1) // cap - 1) // ((n + cap - 1) // cap)
+    cs = _chunk_size(n, cap)
     return {min(cs, n - r0) for r0 in range(0, n, cs)}
 
 
@@ -848,14 +843,13 @@ class VectorPlan(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, n_head, n_head_kv, head_dim_k):
-        gqa = n_head // n_head_kv
-        R = max(1, QK_MAX_Q // gqa) * gqa
+    def __new__(cls, gqa, R, n64):
+        """gqa: query heads per KV head; R: queries of a prefill item (_ws_sizes); n64: head_dim_k / 64."""
         qk = sorted(_chunk_sizes(gqa, QK_MAX_Q) | _chunk_sizes(R, QK_MAX_Q))
         pv = sorted(_chunk_sizes(gqa, PV_MAX_Q4) | _chunk_sizes(R, PV_MAX_Q4))
         if len(qk) > 2 or len(pv) > 2:  # not for any gqa (a test runs 1..64), but never silently
-            raise ValueError(f"attention: no vector plan for {n_head} query heads on {n_head_kv} KV heads")
-        return super().__new__(cls, (head_dim_k // 64, qk[0], qk[-1], pv[0], pv[-1]))
+            raise ValueError(f"attention: no vector plan for {gqa} query heads per KV head")
+        return super().__new__(cls, (n64, qk[0], qk[-1], pv[0], pv[-1]))
 
     @property
     def tag(self):
@@ -905,10 +899,11 @@ class Workspace:
 
         T = numba.config.NUMBA_NUM_THREADS  # get_thread_id() < this
         nctx64 = (n_ctx + KT - 1) // KT * KT
-        nd, npt, _ = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
+        nd, npt, R = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
         self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
-        self.plan = VectorPlan(n_head, n_head_kv, head_dim_k) if vector_kernels_apply(head_dim_k, head_dim_v) else None
+        vector = vector_kernels_apply(head_dim_k, head_dim_v)
+        self.plan = VectorPlan(n_head // n_head_kv, R, head_dim_k // 64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
         self.buf = np.zeros(nd + T * npt, np.float32)
 

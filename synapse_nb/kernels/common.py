@@ -442,19 +442,23 @@ def ir_high_bits64(builder, p0, p1):
 PREFETCH_GROUPS = 2  # how many 4-row groups ahead make_block4_dot prefetches the weights
 
 
+def ir_prefetch(builder, p):
+    """Emit a prefetch of the cache line at pointer p (llvm.prefetch: read, keep in all caches,
+    data). A prefetch past the end of the mapping is dropped, never a fault; it changes no value."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
+
+
 @intrinsic
 def prefetch(typingctx, arr, off):
-    """Prefetch (llvm.prefetch: read, keep in all caches) the cache line at byte off of arr's
-    data (an array, flat offset). A prefetch past the end of the mapping is dropped, never a
-    fault; it changes no value."""
+    """Prefetch (ir_prefetch) the cache line at byte off of arr's data (an array, flat offset)."""
     sig = types.void(arr, types.intp)
 
     def codegen(context, builder, signature, args):
         a, o = args
-        p = builder.gep(_data(context, builder, signature.args[0], a), [o])
-        pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
-        builder.call(pf, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        ir_prefetch(builder, builder.gep(_data(context, builder, signature.args[0], a), [o]))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -489,15 +493,12 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch
             # step): the hardware prefetchers lose track of them, so the group PREFETCH_GROUPS
             # ahead (rows m + 4g ..) is fetched here at the rate this group is read (4 blocks a
             # step, two lines). A prefetch past the end of the mapping is dropped, never a fault.
-            pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]), "llvm.prefetch.p0i8")
             i64 = ir.IntType(64)
             stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
             ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
                                 builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
             for extra in ((0, 64) if prefetch else ()):
-                builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
-                                  ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
             def at(ptr, off, ty):
                 return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]),
                                                     ty.as_pointer()), align=1)
@@ -994,14 +995,11 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
             if prefetch:  # as make_block4_dot: the 4-row group PREFETCH_GROUPS ahead, at 4 blocks a step
-                pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                    ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
                 stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
                 ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
                                     builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
                 for extra in range(0, 4 * block_bytes, 64):
-                    builder.call(pf, [builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]),
-                                      ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                    ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
             if use_madd:
                 maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
