@@ -138,19 +138,14 @@ def main(argv) -> int:
         return 2
     _exit_with_parent()
     path, spec = argv[1], json.loads(argv[2])
-    from .kernels import attention as _attn
     from .model import load_model
-    from .session import Session
+    from .session import _compile_attention, _warmup_session
 
     with locked_cache_saves():
         model = load_model(path)
-        hp = model.hparams
-        s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
-        ws = s.state.attn_ws
-        ws.parallel_override = {bool(d): bool(p) for d, p in spec["override"]}
+        s = _warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
         s.eval([0])
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
         if rest:
-            _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k,
-                                  hp.head_dim_v, model._kq_scale, ws, rest)
+            _compile_attention(model, s, rest)
     return 0

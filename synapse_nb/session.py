@@ -339,7 +339,7 @@ def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: 
     the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
     full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
     Attention kinds: the (decode, parallel) pairs of the attention kernels it calls
-    (attention.attention_kernel): decode for a one-row call, parallel past
+    (attention._attend): decode for a one-row call, parallel past
     attention.uses_parallel's threshold. Every layer of a batch attends all its rows, but a batch
     whose logits are not needed stops before its last layer's attention, and the last batch's
     last layer attends its last row only (Model.forward); each decode step attends one row.
@@ -361,6 +361,21 @@ def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: 
 
 
 _ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
+
+
+def _warmup_session(model: Model, override: dict) -> Session:
+    """The warm-up's 3-position Session (forwards of 1 and 2 tokens), its attention taking the
+    parallel-or-serial choice of override (decode: bool -> parallel: bool) per kind."""
+    s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
+    s.state.attn_ws.parallel_override = dict(override)
+    return s
+
+
+def _compile_attention(model: Model, s: Session, kinds) -> None:
+    """Run the attention kernels of kinds ((decode, parallel) pairs) on s's first layer."""
+    hp = model.hparams
+    _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                          model._kq_scale, s.state.attn_ws, kinds)
 
 
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
@@ -390,15 +405,14 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     from .jit import release_library_pages
 
     release_library_pages()  # LLVM's pages touched by the imports and the model's load
-    s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
-    ws = s.state.attn_ws
     # the warm-up forwards' attention takes a kind the run uses (per decode / prefill), the
     # others run on their own in the last step
-    ws.parallel_override = dict(sorted(kinds))
-    rest = kinds - set(ws.parallel_override.items())
+    override = dict(sorted(kinds))
+    rest = kinds - set(override.items())
+    s = _warmup_session(model, override)
     helper = None
     if jobs > 1 and batched and single and compile_helper.available():
-        helper = compile_helper.Helper(model.path, ws.parallel_override, rest)
+        helper = compile_helper.Helper(model.path, override, rest)
 
     def run_batched():
         if helper is None:
@@ -414,9 +428,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     steps = [
         ("batched forward (parallel kernels)", run_batched) if batched else None,
         ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
-        ("attention kernels", lambda: _attn.compile_kernels(
-            s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
-            model._kq_scale, ws, rest)) if rest else None,
+        ("attention kernels", lambda: _compile_attention(model, s, rest)) if rest else None,
     ]
     steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):
