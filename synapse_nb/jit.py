@@ -188,8 +188,9 @@ def _light_cache_loads() -> None:
                 import numba.cpython.hashing  # noqa: F401  (adds the symbols)
             global _LAZY_NAMES
             fndesc = data[1] if isinstance(data, tuple) and len(data) > 1 else None
-            wrapper = getattr(fndesc, "llvm_cpython_wrapper_name", None)
-            _LAZY_NAMES = (wrapper,) if isinstance(wrapper, str) else None
+            # Its CPython wrapper and its native entry (what kernels.native calls by address)
+            names = (getattr(fndesc, "llvm_cpython_wrapper_name", None), getattr(fndesc, "llvm_func_name", None))
+            _LAZY_NAMES = names if all(isinstance(n, str) for n in names) else None
             try:
                 return self._impl.rebuild(target_context, data)
             finally:
@@ -245,7 +246,8 @@ def _environments_without_imports() -> None:
 
 
 # Set by a cache load of ours around Numba's rebuild (under Numba's compiler lock): the symbols
-# Numba asks the loaded library for (its CPython wrapper), known without parsing its bitcode.
+# looked up in the loaded library (its CPython wrapper, its native entry), known without parsing
+# its bitcode.
 _LAZY_NAMES = None
 
 
@@ -257,7 +259,7 @@ def _lazy_bitcode() -> None:
     Numba parses the bitcode at load: 0.7 MiB of LLVM module per kernel, 9 MiB for the kernels
     of a 1-token run, never used unless something compiles in the process. For our loads the
     library keeps the bytes and parses them on first need: linking (its shared module), or a
-    symbol other than its wrapper looked up (get_pointer_to_function).
+    symbol other than its wrapper and native entry looked up (get_pointer_to_function).
     """
     import inspect
 

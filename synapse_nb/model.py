@@ -2,8 +2,10 @@
 
 Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/llama.cpp, qwen2.cpp,
 mistral3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn), with flash
-attention off and an F16 KV cache. One forward over a batch of tokens, a comment per step;
-every buffer is allocated once per session (ForwardState) and the KV cache once (KVCache).
+attention off and an F16 KV cache. One forward over a batch of tokens: the embedding, the
+transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
+the head; every buffer is allocated once per session (ForwardState) and the KV cache once
+(KVCache).
 
 Where each number is rounded:
   - weights stay in their GGUF blocks; matmul/get_rows (synapse_nb.kernels) convert activations
@@ -28,7 +30,7 @@ from .errors import SynapseError
 from .gguf_file import open_gguf
 from .hparams import HParams
 from .kernels import BoundWeight, bind
-from .kernels import attention as _attn
+from .kernels import graph as _graph
 from .kernels import ops as _ops
 
 if TYPE_CHECKING:  # the session's state types, for annotations only (session.py imports this module)
@@ -126,6 +128,7 @@ class Model:
         self.hparams = hparams
         self.weights = weights
         self._tokenizer = None
+        self._tables = None  # the compiled layer loop's kernel tables, on first forward
         hp = hparams
         f32 = np.float32
         # RoPE constants of ggml_compute_forward_rope_flt, fixed for the model.
@@ -174,11 +177,9 @@ class Model:
         hp = self.hparams
         W = self.weights
         n = len(tokens)
-        f32 = np.float32
-        eps = f32(hp.rms_eps)
-        neox = hp.rope_type == "neox"
-        x, h, q, k, v = st.x[:n], st.h[:n], st.q[:n], st.k[:n], st.v[:n]
-        attn, o, gate, up, act = st.attn[:n], st.o[:n], st.gate[:n], st.up[:n], st.act[:n]
+        eps = np.float32(hp.rms_eps)
+        acts = tuple(a[:n] for a in (st.x, st.h, st.q, st.k, st.v, st.attn, st.o, st.gate, st.up, st.act))
+        x, h = acts[0], acts[1]
 
         # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows).
         # Bound weights do not re-validate: tokens (int64, in range) and the buffers' shapes are
@@ -186,69 +187,28 @@ class Model:
         W.tok_embd.get_rows(tokens, x)
         # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
         self._position_inputs(st, n_past, n)
-        rope = st.rope[:n]
-
-        for il, L in enumerate(W.layers):
-            # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
-            _ops.rms_norm_rows(h, x, L.attn_norm, eps)
-            # Q, K, V projections (+ biases: qwen2)
-            # (h is converted to the weights' vec_dot_type once when they share it: same bytes)
-            _matmuls_sharing_input(h, ((L.wq, q), (L.wk, k), (L.wv, v)))
-            if L.bq is not None:
-                q += L.bq
-                k += L.bk
-                v += L.bv
-            # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2))
-            _ops.rope_rows(q, rope, hp.n_head, hp.head_dim_k, hp.n_rot, neox)
-            _ops.rope_rows(k, rope, hp.n_head_kv, hp.head_dim_k, hp.n_rot, neox)
-            # mistral3: q scaled by the attention temperature of its position (after RoPE)
-            if hp.attn_temp_scale != 0.0:
-                q *= st.temp[:n]
-            # Append k, v to this layer's cache as F16
-            _attn.store_kv(cache.k[il], cache.v[il], k, v, n_past)
-            pos_q = n_past
-            if il == hp.n_layer - 1:
-                if not want_logits:
-                    return None  # the cache is complete; nothing after this feeds it
-                if not all_logits and n > 1:
-                    # Last layer: only the row that produces logits goes on (llama.cpp's
-                    # ggml_get_rows on inp_out_ids; rows are independent, values unchanged)
-                    q, attn, x, h, o, gate, up, act = (a[-1:] for a in (q, attn, x, h, o, gate, up, act))
-                    pos_q = n_past + n - 1
-            # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-            _attn.attention_rows(attn, q, cache.k[il], cache.v[il], pos_q, hp.n_head, hp.n_head_kv,
-                                 hp.head_dim_k, hp.head_dim_v, self._kq_scale, st.attn_ws)
-            # Output projection (+ bias)
-            L.wo.matmul(attn, o)
-            if L.bo is not None:
-                o += L.bo
-            # Residual: ffn_inp = attn_out + x
-            x += o
-            # FFN RMSNorm
-            _ops.rms_norm_rows(h, x, L.ffn_norm, eps)
-            # SwiGLU FFN: down(silu(gate(h)) * up(h))
-            _matmuls_sharing_input(h, ((L.w_gate, gate), (L.w_up, up)))
-            _ops.swiglu_rows(act, gate, up)
-            L.w_down.matmul(act, o)
-            # Residual: x = ffn_out + ffn_inp
-            x += o
-
+        # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
+        # there, as llama.cpp's build_attn / build_ffn; its kernels in the tables built here)
+        tabs = self._graph_tables()
+        if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
+            st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
+        last_row = want_logits and not all_logits and n > 1
+        _graph.layers(acts, st.rope[:n], st.temp[:n], st.abuf, tabs.matmuls(n > 1, last_row),
+                      tabs.rows(st.attn_ws, n, n_past, last_row, hp), tabs.kinds, tabs.norms, *tabs.biases,
+                      cache.k, cache.v, st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot,
+                      hp.rope_type == "neox", eps, self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
+        if not want_logits:
+            return None  # the cache is complete; nothing after the last layer's K/V feeds it
+        if last_row:
+            x, h = x[-1:], h[-1:]
         # Final RMSNorm and the output head (token_embd when tied)
         _ops.rms_norm_rows(h, x, W.output_norm, eps)
         return W.output.matmul(h)
 
-
-def _matmuls_sharing_input(x: np.ndarray, pairs) -> None:
-    """out = w . x for each (BoundWeight w, out) of pairs, all reading the same x: x is converted
-    to a vec_dot_type once and reused by every weight that shares it (a weight of another type
-    converts its own), exactly the bytes each weight's own conversion would give."""
-    conv = []  # (weight whose conversion it is, converted x)
-    for w, out in pairs:
-        a = next((a for w0, a in conv if w0.shares_activation(w)), None)
-        if a is None:
-            a = w.quantize(x)
-            conv.append((w, a))
-        w.matmul_q(a, out)
+    def _graph_tables(self) -> _graph.Tables:
+        if self._tables is None:
+            self._tables = _graph.Tables(self.weights.layers)
+        return self._tables
 
 
 def load_model(path) -> Model:

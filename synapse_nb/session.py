@@ -97,6 +97,7 @@ class ForwardState:
         self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
         # scratch of the attention kernels for n_ctx positions
         self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
+        self.abuf = None  # uint8 [7, n_batch * act_row_bytes]: converted activations (Model.forward)
 
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
@@ -339,7 +340,7 @@ def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: 
     the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
     full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
     Attention kinds: the (decode, parallel) pairs of the attention kernels it calls
-    (attention._attend): decode for a one-row call, parallel past
+    (attention.kernel_for): decode for a one-row call, parallel past
     attention.uses_parallel's threshold. Every layer of a batch attends all its rows, but a batch
     whose logits are not needed stops before its last layer's attention, and the last batch's
     last layer attends its last row only (Model.forward); each decode step attends one row.

@@ -56,6 +56,8 @@ def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path, oth
     first = _run(tmp_path, cwd)
     assert any(n.startswith("_mm_") for n in first["compiled"])  # this process compiled the batched half
     assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
+    # The second process loads the block loop (kernels/graph.py, compiled by either process of
+    # the first) from the cache, and calls the kernels at its own addresses (native.call_at)
     second = _run(tmp_path, cwd)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
 

@@ -157,17 +157,23 @@ class BoundWeight:
         one quantize() serves both (ggml converts the same values the same way each time)."""
         return self.act_fmt is other.act_fmt and self.k == other.k
 
+    def drivers(self, n):
+        """(matmul, convert), the kernels for n activation rows: matmul(out float32 [n, m], rows,
+        a uint8 [n, act_row_bytes], n_scratch) and convert(a, x float32 [n, k]) (ggml's from_float).
+        One row: the vec_dot4 / vec_dot driver and the serial converter (no parallel launch);
+        more: the rows_dot driver and the parallel converter. Unchecked, like the methods."""
+        return (self._mv, self._act1) if n == 1 else (self._mm, self._act)
+
     def quantize(self, x):
-        """x float32 [N, K] converted to this weight's vec_dot_type: uint8 [N, act_row_bytes]
-        (ggml's from_float; one row: the serial converter, no parallel launch)."""
+        """x float32 [N, K] converted to this weight's vec_dot_type: uint8 [N, act_row_bytes]."""
         a = np.empty((x.shape[0], self.act_row_bytes), np.uint8)
-        (self._act1 if x.shape[0] == 1 else self._act)(a, x)
+        self.drivers(x.shape[0])[1](a, x)
         return a
 
     def matmul_q(self, a, out):
         """out[N, M] = W . a for activations already converted by quantize() (of this weight or of
         one that shares_activation with it). Returns out."""
-        (self._mv if a.shape[0] == 1 else self._mm)(out, self.rows, a, self.n_scratch)
+        self.drivers(a.shape[0])[0](out, self.rows, a, self.n_scratch)
         return out
 
     def matmul(self, x, out=None):

@@ -944,28 +944,46 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     """
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
-    par = ws.parallel_override.get(q.shape[0] == 1)
+    kernel_for(ws, q.shape[0], pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
+                                                                    np.float32(kq_scale), ws.buf)
+
+
+def kernel_for(ws, n, pos0, n_head, head_dim_k, head_dim_v):
+    """The attention kernel attention_rows runs for n query rows at positions pos0..: on all
+    threads when the Workspace's warm-up override or uses_parallel says so. A function (out, q, kc,
+    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf) over arrays attention_rows has checked."""
+    par = ws.parallel_override.get(n == 1)
     if par is None:
-        par = uses_parallel(q.shape[0], pos0, n_head, head_dim_k, head_dim_v)
-    _attend(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale), ws, par)
+        par = uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v)
+    return _entry(ws, par, n == 1)
 
 
-def _attend(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, scale, ws, par):
-    """attention_rows on all threads (par) or the calling one: the vector kernel for q's rows (a
-    decode row or a prefill batch) where they apply, else the per-head kernel."""
+def _entry(ws, par, decode):
+    """The vector kernel for a decode row (decode) or a prefill batch where the Workspace has a
+    plan, else the per-head kernel; on all threads (par) or the calling one."""
     if ws.plan is None:
-        (_attention_par if par else _attention_ser)(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k,
-                                                    head_dim_v, scale)
-    else:
-        vector_kernel(ws.plan, par, q.shape[0] == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf)
+        return _per_head_par if par else _per_head_ser
+    return vector_kernel(ws.plan, par, decode)
+
+
+@njit(cache=True, error_model="numpy")
+def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+    """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes)."""
+    _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
+
+
+@njit(cache=True, error_model="numpy")
+def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+    """_attention_par with the vector kernels' arguments (head dims from the cache's shapes)."""
+    _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
 
 
 def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws, kinds):
     """Run (so compile, or load from Numba's cache) the attention kernels of kinds, (decode,
-    parallel) pairs (see _attend), on a decode row at position 1 and a 2-row batch (a warm-up).
+    parallel) pairs (see _entry), on a decode row at position 1 and a 2-row batch (a warm-up).
     kc, vc: a layer's cache of at least 2 positions; ws: a Workspace for it."""
     for decode, par in sorted(kinds):
         n = 1 if decode else 2
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
-        _attend(out, q, kc, vc, 2 - n, n_head, n_head_kv, head_dim_k, head_dim_v, np.float32(kq_scale), ws, par)
+        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf)

@@ -17,6 +17,7 @@ depend on the thread count.
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -148,7 +149,7 @@ def swiglu_rows(out, gate, up):
     ggml_v_silu; the remainder the scalar ggml_silu_f32 with libm expf (as ggml's tail loop).
     Rows run in parallel when there are several (one row is not worth waking threads).
     """
-    (_swiglu_par if gate.shape[0] > 1 else _swiglu_ser)(out, gate, up)
+    row_kernels(gate.shape[0]).swiglu(out, gate, up)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def rms_norm_rows(out, x, w, eps):
     1.0f / sqrtf(mean + eps); y = (x * scale) * w in float.
     out, x: float32 [N, n_embd]; w: float32 [n_embd]; eps: float32.
     """
-    (_rms_norm_par if x.shape[0] > 1 else _rms_norm_ser)(out, x, w, np.float32(eps))
+    row_kernels(x.shape[0]).rms_norm(out, x, w, np.float32(eps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,4 +304,23 @@ def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
     x0*cos - x1*sin and x0*sin + x1*cos are computed as GCC contracts them: the first product
     fused, fma(x0, cos, -(x1*sin)) and fma(x0, sin, x1*cos). Dims >= n_dims are unchanged.
     """
-    (_rope_par if x.shape[0] > 1 else _rope_ser)(x, cache, n_heads, head_dim, n_dims, bool(neox))
+    row_kernels(x.shape[0]).rope(x, cache, n_heads, head_dim, n_dims, bool(neox))
+
+
+class RowKernels(NamedTuple):
+    """The row-op kernels for a number of rows (the wrappers' arguments, unchecked):
+    rms_norm(out, x, w, eps float32), rope(x, cache, n_heads, head_dim, n_dims, neox bool),
+    swiglu(out, gate, up)."""
+
+    rms_norm: object
+    rope: object
+    swiglu: object
+
+
+_ROW_KERNELS = (RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser), RowKernels(_rms_norm_par, _rope_par, _swiglu_par))
+
+
+def row_kernels(n):
+    """The RowKernels for n rows: over the rows on all threads when n > 1; one row runs on the
+    calling thread (a parallel region would only pay the threads' launch)."""
+    return _ROW_KERNELS[n > 1]

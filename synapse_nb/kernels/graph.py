@@ -1,0 +1,233 @@
+"""The transformer blocks of the forward as one compiled loop over tables of kernels.
+
+``layers`` runs every block of the graph on n token rows (a prefill batch or a decode row), as
+Model.forward did step by step in Python: one call per forward instead of about twenty Python
+calls per layer (their dispatch and glue were ~0.5 ms of a 4 ms SmolLM2 decode token). It calls
+the same kernels, with the same arguments, in the same order, so every output is the bytes the
+Python loop gave; it only does the glue itself (bias adds, residual adds, the attention
+temperature, the last layer's choice of rows), in float32 as numpy did.
+
+The kernels are called through their addresses (kernels/native.py): ``Tables`` holds them, with
+the weights' addresses and shapes, in int64 arrays built once per model and batch kind from
+bound (validated) weights; the loop itself is compiled once, for every model and batch size.
+"""
+
+import numpy as np
+from numba import njit, types
+
+from . import attention as _attn
+from . import ops as _ops
+from .native import WEIGHT_ROWS, call_at, kind, native_fn, weight_rows
+
+# The matmuls of a block, in the order of the matmul table's second axis
+WQ, WK, WV, WO, WGATE, WUP, WDOWN = range(7)
+MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# Fields of a matmul table entry: the weight's rows (address, rows m, bytes per row), the bytes of
+# one converted activation row, the entry whose converted activations it reads (itself, or an
+# earlier entry of the same input converted to the same bytes), its vec_dot scratch size, then for
+# the batch's rows and for one row (a prefill batch's last layer after attention): the matmul
+# kernel and the converter (0: reads the other entry's conversion).
+ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1 = range(10)
+# The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
+RMS, ROPE, SWIGLU, STORE, ATTN = range(5)
+
+_F1 = types.Array(types.float32, 1, "C")
+_F2 = types.Array(types.float32, 2, "C")
+_U8 = types.Array(types.uint8, 2, "C")
+_KV = types.Array(types.uint16, 4, "C")
+# The kernels' signatures, as ``layers`` calls them (each call is checked against these types
+# when the loop compiles; every address of a table comes from native_fn with exactly these types).
+SIGNATURES = {
+    "matmul": (_F2, WEIGHT_ROWS, _U8, types.int64),  # out, rows, activations, n_scratch
+    "convert": (_U8, _F2),  # activations, x
+    "rms_norm": (_F2, _F2, _F1, types.float32),  # out, x, w, eps
+    "rope": (_F2, _F2, types.int64, types.int64, types.int64, types.boolean),  # x, cache, heads, dim, n_rot, neox
+    "swiglu": (_F2, _F2, _F2),  # out, gate, up
+    "store_kv": (_KV, _KV, _F2, _F2, types.int64),  # k_cache, v_cache, k, v, pos0
+    # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace
+    "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1),
+}
+KINDS = ("matmul", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
+
+
+@njit(cache=True, error_model="numpy")
+def _matmul(k_mm, k_cv, e, one, out, x, abuf):
+    """out[n] = W . x[n] for matmul table entry e (int64 [10]); one: the one-row kernels.
+    x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
+    n = x.shape[0]
+    a = abuf[e[SRC], :n * e[ARB]].reshape((n, e[ARB]))
+    cv = e[ACT_1] if one else e[ACT_N]
+    if cv != 0:
+        call_at(k_cv, cv, a, x)
+    call_at(k_mm, e[MM_1] if one else e[MM_N], out, weight_rows(e[ADDR], e[M], e[RB]), a, e[NSC])
+
+
+@njit(cache=True, error_model="numpy")
+def _add_rows(y, b):
+    """y[t] += b for every row t (numpy's y += b: float32 adds)."""
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] += b[i]
+
+
+@njit(cache=True, error_model="numpy")
+def _add_rows_2d(y, b):
+    """y += b elementwise, both float32 [n, d]."""
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] += b[t, i]
+
+
+@njit(cache=True, error_model="numpy")
+def _scale_rows(y, s):
+    """y[t] *= s[t, 0] for every row t (numpy's y *= s, s float32 [n, 1])."""
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] *= s[t, 0]
+
+
+@njit(cache=True, error_model="numpy")
+def layers(acts, rope, temp, abuf, mt, rk, kinds, norms, bias_q, bias_k, bias_v, bias_o, kc, vc, ws,
+           n_past, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits, all_logits):
+    """Every transformer block on the n rows of acts at positions n_past.., appending K/V to the cache.
+
+    acts: (x, h, q, k, v, attn, o, gate, up, act), float32 [n, .] C (ForwardState's rows; x the
+    residual stream, in and out). rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's
+    q temperature (read when attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted
+    activations. mt: int64 [n_layer, 7, 10] matmul entries; rk: int64 [2, 5] row kernels; kinds:
+    one NativeFn per KINDS (their signatures). norms: float32 [n_layer, 2, n_embd] (attn, ffn);
+    bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none). kc, vc: the KV cache (5-D, see
+    session.KVCache); ws: the attention Workspace's buffer. Stops after the last layer's K/V are
+    stored when not want_logits; with all_logits false and n > 1, the last layer after its K/V
+    goes on with the last row only (llama.cpp's inp_out_ids; rows are independent).
+    """
+    x, h, q, k, v, attn, o, gate, up, act = acts
+    k_mm, k_cv, k_rms, k_rope, k_swiglu, k_store, k_attn = kinds
+    n = x.shape[0]
+    n_layer = mt.shape[0]
+    for il in range(n_layer):
+        e = mt[il]
+        # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
+        call_at(k_rms, rk[0, RMS], h, x, norms[il, 0], eps)
+        # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
+        _matmul(k_mm, k_cv, e[WQ], False, q, h, abuf)
+        _matmul(k_mm, k_cv, e[WK], False, k, h, abuf)
+        _matmul(k_mm, k_cv, e[WV], False, v, h, abuf)
+        if bias_q.shape[1] > 0:
+            _add_rows(q, bias_q[il])
+            _add_rows(k, bias_k[il])
+            _add_rows(v, bias_v[il])
+        # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2))
+        call_at(k_rope, rk[0, ROPE], q, rope, n_head, head_dim_k, n_rot, neox)
+        call_at(k_rope, rk[0, ROPE], k, rope, n_head_kv, head_dim_k, n_rot, neox)
+        # mistral3: q scaled by the attention temperature of its position (after RoPE)
+        if attn_temp:
+            _scale_rows(q, temp)
+        # Append k, v to this layer's cache as F16
+        call_at(k_store, rk[0, STORE], kc[il], vc[il], k, v, n_past)
+        pos_q = n_past
+        one = False
+        if il == n_layer - 1:
+            if not want_logits:
+                return  # the cache is complete; nothing after this feeds it
+            if not all_logits and n > 1:
+                # Last layer: only the row that produces logits goes on
+                q, attn, x, h, o, gate, up, act = (q[n - 1:], attn[n - 1:], x[n - 1:], h[n - 1:], o[n - 1:],
+                                                   gate[n - 1:], up[n - 1:], act[n - 1:])
+                pos_q = n_past + n - 1
+                one = True
+        r = 1 if one else 0
+        # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
+        call_at(k_attn, rk[r, ATTN], attn, q, kc[il], vc[il], pos_q, n_head, n_head_kv, kq_scale, ws)
+        # Output projection (+ bias)
+        _matmul(k_mm, k_cv, e[WO], one, o, attn, abuf)
+        if bias_o.shape[1] > 0:
+            _add_rows(o, bias_o[il])
+        # Residual: ffn_inp = attn_out + x
+        _add_rows_2d(x, o)
+        # FFN RMSNorm
+        call_at(k_rms, rk[r, RMS], h, x, norms[il, 1], eps)
+        # SwiGLU FFN: down(silu(gate(h)) * up(h))
+        _matmul(k_mm, k_cv, e[WGATE], one, gate, h, abuf)
+        _matmul(k_mm, k_cv, e[WUP], one, up, h, abuf)
+        call_at(k_swiglu, rk[r, SWIGLU], act, gate, up)
+        _matmul(k_mm, k_cv, e[WDOWN], one, o, act, abuf)
+        # Residual: x = ffn_out + ffn_inp
+        _add_rows_2d(x, o)
+
+
+class Tables:
+    """What ``layers`` needs of a model besides the rows it runs on: the kernels' kinds, the
+    matmul tables (one per batch kind, built on first use, compiling or loading only the kernels
+    that kind calls), the row-kernel tables, and norms and biases stacked per layer.
+
+    layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
+    shapes are the bytes of the tensor). The arrays here are made once; the caller keeps the
+    weights alive.
+    """
+
+    def __init__(self, layer_weights):
+        self._layers = layer_weights
+        L0 = layer_weights[0]
+        self.norms = np.ascontiguousarray(np.stack([np.stack([L.attn_norm, L.ffn_norm]) for L in layer_weights]),
+                                          dtype=np.float32)
+        biases = []
+        for name, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"), ("bo", "wo")):
+            if getattr(L0, name) is None:
+                biases.append(np.zeros((len(layer_weights), 0), np.float32))
+            else:
+                biases.append(np.ascontiguousarray(np.stack([getattr(L, name) for L in layer_weights]), dtype=np.float32))
+        self.biases = tuple(biases)
+        # bytes of one converted activation row, the most of any matmul (``layers``' abuf holds 7
+        # converted inputs of up to n_batch rows: ForwardState.abuf, one per session)
+        self.act_row_bytes = max(getattr(L, w).act_row_bytes for L in layer_weights for w in MATMULS)
+        self.kinds = tuple(kind(*SIGNATURES[k]) for k in KINDS)  # the signatures layers calls
+        self._mt = {}  # (multi, last_row) -> int64 [n_layer, 7, 10]
+        self._fns = {}  # dispatcher -> its NativeFn of its kind's signature
+
+    def _fn(self, dispatcher, kind):
+        f = self._fns.get(dispatcher)
+        if f is None:
+            f = self._fns[dispatcher] = native_fn(dispatcher, *SIGNATURES[kind])
+        return f.addr
+
+    def matmuls(self, multi, last_row):
+        """int64 [n_layer, 7, 10]: the matmul entries for a batch of several rows (multi) or one,
+        with the one-row kernels filled in when last_row (a batch whose last layer continues
+        with its last row; zero otherwise, and never read)."""
+        key = (bool(multi), bool(last_row) and bool(multi))
+        t = self._mt.get(key)
+        if t is None:
+            t = np.zeros((len(self._layers), len(MATMULS), 10), np.int64)
+            for il, L in enumerate(self._layers):
+                ws = [getattr(L, name) for name in MATMULS]
+                for j, w in enumerate(ws):
+                    # q, k, v read h; gate, up read the FFN's h: a conversion to the same bytes is shared
+                    group = (WQ, WK, WV) if j <= WV else (WGATE, WUP) if j in (WGATE, WUP) else (j,)
+                    src = next(i for i in group if i <= j and ws[i].shares_activation(w))
+                    mm, cv = w.drivers(2 if multi else 1)
+                    t[il, j, :NSC + 1] = (w.rows.ctypes.data, w.m, w.rows.shape[1], w.act_row_bytes, src, w.n_scratch)
+                    t[il, j, MM_N] = self._fn(mm, "matmul")
+                    t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
+                    if key[1] and j >= WO:
+                        mm1, cv1 = w.drivers(1)
+                        t[il, j, MM_1] = self._fn(mm1, "matmul")
+                        t[il, j, ACT_1] = self._fn(cv1, "convert") if src == j else 0
+            self._mt[key] = t
+        return t
+
+    def rows(self, ws, n, n_past, last_row, hp):
+        """int64 [2, 5]: the row kernels for n rows at positions n_past.. (and for the last row of
+        the last layer when last_row and n > 1), the attention kernel as attention_rows chooses it."""
+        t = np.zeros((2, 5), np.int64)
+        for r, (m, pos) in enumerate(((n, n_past), (1, n_past + n - 1))):
+            if r == 1 and not (last_row and n > 1):
+                break
+            rows = _ops.row_kernels(m)
+            if r == 0:  # the last row goes on after RoPE and the K/V store
+                t[r, ROPE] = self._fn(rows.rope, "rope")
+                t[r, STORE] = self._fn(_attn._store_kv, "store_kv")
+            t[r, RMS] = self._fn(rows.rms_norm, "rms_norm")
+            t[r, SWIGLU] = self._fn(rows.swiglu, "swiglu")
+            t[r, ATTN] = self._fn(_attn.kernel_for(ws, m, pos, hp.n_head, hp.head_dim_k, hp.head_dim_v), "attention")
+        return t

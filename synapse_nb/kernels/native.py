@@ -1,0 +1,141 @@
+"""Calls from one compiled function to another through an address known only at run time.
+
+Why: the forward's layer loop (kernels/graph.py) is one compiled function calling about twenty
+kernels per layer. Called directly, Numba links every callee's LLVM module into the caller and
+generates its machine code again (a cold compile of the loop took 6-7 s, the kernels' own time
+once more), and the cached caller would embed the callees' code. Called through an address, the
+loop compiles in about half a second and holds no callee code: a kernel is compiled (or loaded
+from the cache) once, by its own dispatcher, and the loop's cache entry never holds stale code,
+because the addresses are arguments of each call, not constants of the compiled loop.
+
+Pieces:
+  * ``NativeFn``: one compiled overload of a Numba dispatcher (``native_fn``), its argument
+    types and the address of its native entry point (Numba's internal calling convention: status
+    code, exception-info pointer, the arguments in Numba's data model).
+  * ``NativeFnType(argtypes)``, its Numba type: a NativeFn passed to a compiled function is its
+    address (int64), and its type carries the argument types.
+  * ``call_at(kind, addr, *args)`` (intrinsic): calls the function at ``addr`` with ``args``. The
+    argument types must equal ``kind``'s (a NativeFn, or a ``kind(*argtypes)``; checked when the
+    caller compiles, TypingError otherwise), and ``addr`` must be the address of a NativeFn of
+    exactly that kind: the tables of addresses are built, and their kinds checked, in Python.
+    An exception raised by the callee propagates to the caller as from a direct call.
+  * ``weight_rows(addr, m, row_bytes)`` (intrinsic): a read-only uint8 [m, row_bytes] view of
+    memory the caller keeps alive (a weight's memory-mapped bytes), with no owner.
+"""
+
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
+
+# The type of a weight's rows in every kernel signature (what weight_rows returns).
+WEIGHT_ROWS = types.Array(types.uint8, 2, "C", readonly=True)
+
+
+class NativeFnType(types.Type):
+    """Numba type of a NativeFn: an int64 address, of a function taking argtypes."""
+
+    def __init__(self, argtypes):
+        self.argtypes = tuple(argtypes)
+        super().__init__(name="NativeFn(%s)" % ", ".join(map(str, self.argtypes)))
+
+
+@register_model(NativeFnType)
+class _NativeFnModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.IntType(64))
+
+
+class NativeFn:
+    """A compiled overload of a dispatcher: .name, .argtypes (Numba types), .addr (int). Build
+    with native_fn (holding the dispatcher, which keeps the code at addr alive), or with kind()."""
+
+    __slots__ = ("name", "argtypes", "addr", "_dispatcher")
+
+    def __init__(self, dispatcher, argtypes, addr):
+        self.name = dispatcher.__name__ if dispatcher is not None else "kind"
+        self.argtypes, self.addr, self._dispatcher = tuple(argtypes), addr, dispatcher
+
+    def __repr__(self):
+        return f"<NativeFn {self.name} at {self.addr:#x}>"
+
+
+@typeof_impl.register(NativeFn)
+def _typeof_native_fn(val, c):
+    return NativeFnType(val.argtypes)
+
+
+@unbox(NativeFnType)
+def _unbox_native_fn(typ, obj, c):
+    addr = c.pyapi.object_getattr_string(obj, "addr")
+    val = c.pyapi.long_as_longlong(addr)
+    c.pyapi.decref(addr)
+    return NativeValue(val, is_error=c.pyapi.c_api_error())
+
+
+def native_fn(dispatcher, *argtypes) -> NativeFn:
+    """The overload of dispatcher (an @njit function) for exactly these Numba argument types,
+    compiled or loaded from the cache now, as a NativeFn. Each argument is a Numba type or an
+    example value (its numba.typeof)."""
+    sig = tuple(a if isinstance(a, types.Type) else numba.typeof(a) for a in argtypes)
+    dispatcher.compile(sig)
+    cres = dispatcher.overloads[sig]
+    return NativeFn(dispatcher, sig, cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+
+
+def kind(*argtypes) -> NativeFn:
+    """A signature as call_at's first argument: a NativeFn of these Numba types at address 0,
+    never called (compiles nothing)."""
+    return NativeFn(None, argtypes, 0)
+
+
+@intrinsic
+def call_at(typingctx, kind, addr, *args):
+    """call_at(kind, addr, *args): call the function at addr (of kind's signature) with args."""
+    if not isinstance(kind, NativeFnType) or not isinstance(addr, types.Integer):
+        return None
+    args = tuple(args)
+    if args != kind.argtypes:
+        raise TypingError(f"call_at: arguments ({', '.join(map(str, args))}) do not match {kind}")
+    sig = types.none(kind, addr, types.StarArgTuple(args))
+
+    def codegen(context, builder, signature, llargs):
+        # Numba's CPUCallConv.call_function, on a function pointer instead of a declared function
+        cc = context.call_conv
+        fnty = cc.get_function_type(types.none, args)
+        fn = builder.inttoptr(llargs[1], fnty.as_pointer())
+        ret = cgutils.alloca_once(builder, cc.get_return_type(types.none).pointee)
+        builder.store(cgutils.get_null_value(ret.type.pointee), ret)
+        excinfo = cgutils.alloca_once(builder, fnty.args[1].pointee, name="excinfo")
+        packed = cc._get_arg_packer(args).as_arguments(builder, cgutils.unpack_tuple(builder, llargs[2]))
+        code = builder.call(fn, [ret, excinfo] + list(packed))
+        status = cc._get_return_status(builder, code, builder.load(excinfo))
+        with cgutils.if_unlikely(builder, status.is_error):
+            cc.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def weight_rows(typingctx, addr, m, row_bytes):
+    """weight_rows(addr, m, row_bytes): read-only uint8 [m, row_bytes] C array at addr, no owner."""
+    if not all(isinstance(a, types.Integer) for a in (addr, m, row_bytes)):
+        return None
+    sig = WEIGHT_ROWS(addr, m, row_bytes)
+
+    def codegen(context, builder, signature, llargs):
+        from numba.np.arrayobj import make_array, populate_array
+
+        intp = context.get_value_type(types.intp)
+        a, rows, rb = (context.cast(builder, v, t, types.intp) for v, t in zip(llargs, signature.args))
+        ary = make_array(WEIGHT_ROWS)(context, builder)
+        populate_array(ary, data=builder.inttoptr(a, context.get_value_type(types.CPointer(types.uint8))),
+                       shape=cgutils.pack_array(builder, [rows, rb]),
+                       strides=cgutils.pack_array(builder, [rb, ir.Constant(intp, 1)]),
+                       itemsize=ir.Constant(intp, 1), meminfo=None)
+        return ary._getvalue()
+
+    return sig, codegen

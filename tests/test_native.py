@@ -1,0 +1,110 @@
+"""synapse_nb.kernels.native: calls through run-time addresses, and the compiled layer loop."""
+
+import pickle
+
+import numpy as np
+import pytest
+from numba import njit, prange, types
+from numba.core.errors import TypingError
+
+from synapse_nb.kernels import native as N
+
+F1 = types.Array(types.float32, 1, "C")
+
+
+@njit(cache=False)
+def _axpy(y, x, c):
+    for i in range(y.shape[0]):
+        y[i] += x[i] * c
+
+
+@njit(cache=False, parallel=True)
+def _axpy_par(y, x, c):
+    for i in prange(y.shape[0]):
+        y[i] += x[i] * c
+
+
+@njit(cache=False)
+def _fails(y, x, c):
+    if c < 0:
+        raise ValueError("negative scale")
+    y[0] = c
+
+
+@njit(cache=False)
+def _caller(kind, addr, y, x, c, n):
+    for _ in range(n):
+        N.call_at(kind, addr, y, x, c)
+
+
+@njit(cache=False)
+def _caller_f64(kind, addr, y, x):
+    N.call_at(kind, addr, y, x, 2.0)  # a float64 where the kind has float32
+
+
+@njit(cache=False)
+def _rows(addr, m, rb):
+    return N.weight_rows(addr, m, rb).copy()
+
+
+@njit(cache=False)
+def _write_row(addr):
+    N.weight_rows(addr, 1, 1)[0, 0] = 1
+
+
+@pytest.mark.parametrize("fn", [_axpy, _axpy_par])
+def test_call_at_runs_the_function_at_the_address(fn):
+    y, x = np.zeros(37, np.float32), np.arange(37, dtype=np.float32)
+    f = N.native_fn(fn, F1, F1, types.float32)
+    _caller(N.kind(F1, F1, types.float32), f.addr, y, x, np.float32(0.5), 3)
+    want = np.zeros(37, np.float32)
+    for _ in range(3):
+        fn(want, x, np.float32(0.5))
+    assert np.array_equal(y, want) and y[36] == np.float32(3 * 18.0)
+
+
+def test_arguments_of_another_signature_do_not_compile():
+    f = N.native_fn(_axpy, F1, F1, types.float32)
+    y = np.zeros(4, np.float32)
+    with pytest.raises(TypingError, match="do not match"):
+        _caller_f64(N.kind(F1, F1, types.float32), f.addr, y, y)
+
+
+def test_an_exception_in_the_callee_reaches_the_caller():
+    f = N.native_fn(_fails, F1, F1, types.float32)
+    y = np.zeros(2, np.float32)
+    _caller(N.kind(F1, F1, types.float32), f.addr, y, y, np.float32(2.0), 1)
+    assert y[0] == 2.0
+    with pytest.raises(ValueError, match="negative scale"):
+        _caller(N.kind(F1, F1, types.float32), f.addr, y, y, np.float32(-1.0), 1)
+
+
+def test_weight_rows_views_the_bytes_at_the_address():
+    data = np.arange(6 * 10, dtype=np.uint8).reshape(6, 10)
+    got = _rows(data.ctypes.data, 6, 10)
+    assert got.shape == (6, 10) and np.array_equal(got, data)
+    with pytest.raises(TypingError):  # read-only: a kernel cannot write into a weight
+        _write_row(data.ctypes.data)
+
+
+def test_a_native_fn_type_pickles_and_is_its_signature():
+    f = N.native_fn(_axpy, F1, F1, types.float32)
+    t = N.NativeFnType(f.argtypes)
+    assert pickle.loads(pickle.dumps(t)) == t  # Numba's cache index pickles the caller's signature
+    assert N.NativeFnType((F1, F1, types.float32)) == t != N.NativeFnType((F1, F1, types.float64))
+
+
+def test_the_layer_loop_compiles_once_for_batches_and_decode_steps():
+    """One signature of graph.layers serves prefill batches (all logits or the last row), a
+    prefill batch whose logits are not needed, and decode steps."""
+    from pathlib import Path
+
+    from synapse_nb.kernels import graph
+    from synapse_nb.model import load_model
+    from synapse_nb.session import Session
+
+    m = load_model(Path(__file__).parent / "data" / "tiny" / "tiny-llama-q4_0.gguf")
+    s = Session(m, n_ctx=64, n_batch=4, n_threads=1)
+    s.eval(np.arange(1, 11, dtype=np.int64))  # batches of 4, 4 (logits unused) and 2
+    s.eval(np.array([5], np.int64))
+    assert len(graph.layers.signatures) == 1
