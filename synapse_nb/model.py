@@ -193,9 +193,9 @@ class Model:
         if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
             st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
         last_row = want_logits and not all_logits and n > 1
-        _graph.layers(acts, st.rope[:n], st.temp[:n], st.abuf, tabs.matmuls(n > 1, last_row),
-                      tabs.rows(st.attn_ws, n, n_past, last_row, hp), tabs.kinds, tabs.norms, *tabs.biases,
-                      cache.k, cache.v, st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot,
+        _graph.layers(*acts, st.rope[:n], st.temp[:n], st.abuf, tabs.matmuls(n > 1, last_row),
+                      tabs.rows(st.attn_ws, n, n_past, last_row, hp), tabs.norms, *tabs.biases, cache.k, cache.v,
+                      st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot,
                       hp.rope_type == "neox", eps, self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
         if not want_logits:
             return None  # the cache is complete; nothing after the last layer's K/V feeds it

@@ -108,3 +108,30 @@ def test_the_layer_loop_compiles_once_for_batches_and_decode_steps():
     s.eval(np.arange(1, 11, dtype=np.int64))  # batches of 4, 4 (logits unused) and 2
     s.eval(np.array([5], np.int64))
     assert len(graph.layers.signatures) == 1
+
+
+_KIND = N.kind(F1, F1, types.float32)
+_REAL = None  # set by the test below to a real NativeFn
+
+
+@njit(cache=False)
+def _caller_global_kind(addr, y, x, c):
+    N.call_at(_KIND, addr, y, x, c)
+
+
+@njit(cache=False)
+def _caller_global_real(y, x, c):
+    N.call_at(_REAL, 0, y, x, c)
+
+
+def test_a_kind_may_be_a_global_but_a_real_function_may_not():
+    """A global is frozen into the compiled code (and Numba's cache): harmless for a kind, whose
+    address is never called; a real address would be stale in the next process."""
+    global _REAL
+    f = N.native_fn(_axpy, F1, F1, types.float32)
+    y, x = np.zeros(3, np.float32), np.ones(3, np.float32)
+    _caller_global_kind(f.addr, y, x, np.float32(2.0))
+    assert list(y) == [2.0, 2.0, 2.0]
+    _REAL = f
+    with pytest.raises(Exception, match="global of a compiled function"):
+        _caller_global_real(y, x, np.float32(2.0))

@@ -48,18 +48,21 @@ SIGNATURES = {
     "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1),
 }
 KINDS = ("matmul", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
+# The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
+# at every call: 27 us a forward for these seven)
+_K_MM, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
 
 
 @njit(cache=True, error_model="numpy")
-def _matmul(k_mm, k_cv, e, one, out, x, abuf):
+def _matmul(e, one, out, x, abuf):
     """out[n] = W . x[n] for matmul table entry e (int64 [10]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
     n = x.shape[0]
     a = abuf[e[SRC], :n * e[ARB]].reshape((n, e[ARB]))
     cv = e[ACT_1] if one else e[ACT_N]
     if cv != 0:
-        call_at(k_cv, cv, a, x)
-    call_at(k_mm, e[MM_1] if one else e[MM_N], out, weight_rows(e[ADDR], e[M], e[RB]), a, e[NSC])
+        call_at(_K_CV, cv, a, x)
+    call_at(_K_MM, e[MM_1] if one else e[MM_N], out, weight_rows(e[ADDR], e[M], e[RB]), a, e[NSC])
 
 
 @njit(cache=True, error_model="numpy")
@@ -87,44 +90,42 @@ def _scale_rows(y, s):
 
 
 @njit(cache=True, error_model="numpy")
-def layers(acts, rope, temp, abuf, mt, rk, kinds, norms, bias_q, bias_k, bias_v, bias_o, kc, vc, ws,
-           n_past, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits, all_logits):
+def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norms, bias_q, bias_k, bias_v, bias_o,
+           kc, vc, ws, n_past, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
+           all_logits):
     """Every transformer block on the n rows of acts at positions n_past.., appending K/V to the cache.
 
-    acts: (x, h, q, k, v, attn, o, gate, up, act), float32 [n, .] C (ForwardState's rows; x the
-    residual stream, in and out). rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's
+    x, h, q, k, v, attn, o, gate, up, act: float32 [n, .] C, ForwardState's rows (x the residual
+    stream, in and out; separate arguments: a tuple would be typed by Python code at every call). rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's
     q temperature (read when attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted
-    activations. mt: int64 [n_layer, 7, 10] matmul entries; rk: int64 [2, 5] row kernels; kinds:
-    one NativeFn per KINDS (their signatures). norms: float32 [n_layer, 2, n_embd] (attn, ffn);
+    activations. mt: int64 [n_layer, 7, 10] matmul entries; rk: int64 [2, 5] row kernels. norms: float32 [n_layer, 2, n_embd] (attn, ffn);
     bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none). kc, vc: the KV cache (5-D, see
     session.KVCache); ws: the attention Workspace's buffer. Stops after the last layer's K/V are
     stored when not want_logits; with all_logits false and n > 1, the last layer after its K/V
     goes on with the last row only (llama.cpp's inp_out_ids; rows are independent).
     """
-    x, h, q, k, v, attn, o, gate, up, act = acts
-    k_mm, k_cv, k_rms, k_rope, k_swiglu, k_store, k_attn = kinds
     n = x.shape[0]
     n_layer = mt.shape[0]
     for il in range(n_layer):
         e = mt[il]
         # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
-        call_at(k_rms, rk[0, RMS], h, x, norms[il, 0], eps)
+        call_at(_K_RMS, rk[0, RMS], h, x, norms[il, 0], eps)
         # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
-        _matmul(k_mm, k_cv, e[WQ], False, q, h, abuf)
-        _matmul(k_mm, k_cv, e[WK], False, k, h, abuf)
-        _matmul(k_mm, k_cv, e[WV], False, v, h, abuf)
+        _matmul(e[WQ], False, q, h, abuf)
+        _matmul(e[WK], False, k, h, abuf)
+        _matmul(e[WV], False, v, h, abuf)
         if bias_q.shape[1] > 0:
             _add_rows(q, bias_q[il])
             _add_rows(k, bias_k[il])
             _add_rows(v, bias_v[il])
         # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2))
-        call_at(k_rope, rk[0, ROPE], q, rope, n_head, head_dim_k, n_rot, neox)
-        call_at(k_rope, rk[0, ROPE], k, rope, n_head_kv, head_dim_k, n_rot, neox)
+        call_at(_K_ROPE, rk[0, ROPE], q, rope, n_head, head_dim_k, n_rot, neox)
+        call_at(_K_ROPE, rk[0, ROPE], k, rope, n_head_kv, head_dim_k, n_rot, neox)
         # mistral3: q scaled by the attention temperature of its position (after RoPE)
         if attn_temp:
             _scale_rows(q, temp)
         # Append k, v to this layer's cache as F16
-        call_at(k_store, rk[0, STORE], kc[il], vc[il], k, v, n_past)
+        call_at(_K_STORE, rk[0, STORE], kc[il], vc[il], k, v, n_past)
         pos_q = n_past
         one = False
         if il == n_layer - 1:
@@ -138,27 +139,26 @@ def layers(acts, rope, temp, abuf, mt, rk, kinds, norms, bias_q, bias_k, bias_v,
                 one = True
         r = 1 if one else 0
         # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-        call_at(k_attn, rk[r, ATTN], attn, q, kc[il], vc[il], pos_q, n_head, n_head_kv, kq_scale, ws)
+        call_at(_K_ATTN, rk[r, ATTN], attn, q, kc[il], vc[il], pos_q, n_head, n_head_kv, kq_scale, ws)
         # Output projection (+ bias)
-        _matmul(k_mm, k_cv, e[WO], one, o, attn, abuf)
+        _matmul(e[WO], one, o, attn, abuf)
         if bias_o.shape[1] > 0:
             _add_rows(o, bias_o[il])
         # Residual: ffn_inp = attn_out + x
         _add_rows_2d(x, o)
         # FFN RMSNorm
-        call_at(k_rms, rk[r, RMS], h, x, norms[il, 1], eps)
+        call_at(_K_RMS, rk[r, RMS], h, x, norms[il, 1], eps)
         # SwiGLU FFN: down(silu(gate(h)) * up(h))
-        _matmul(k_mm, k_cv, e[WGATE], one, gate, h, abuf)
-        _matmul(k_mm, k_cv, e[WUP], one, up, h, abuf)
-        call_at(k_swiglu, rk[r, SWIGLU], act, gate, up)
-        _matmul(k_mm, k_cv, e[WDOWN], one, o, act, abuf)
+        _matmul(e[WGATE], one, gate, h, abuf)
+        _matmul(e[WUP], one, up, h, abuf)
+        call_at(_K_SWIGLU, rk[r, SWIGLU], act, gate, up)
+        _matmul(e[WDOWN], one, o, act, abuf)
         # Residual: x = ffn_out + ffn_inp
         _add_rows_2d(x, o)
 
 
 class Tables:
-    """What ``layers`` needs of a model besides the rows it runs on: the kernels' kinds, the
-    matmul tables (one per batch kind, built on first use, compiling or loading only the kernels
+    """What ``layers`` needs of a model besides the rows it runs on: the matmul tables (one per batch kind, built on first use, compiling or loading only the kernels
     that kind calls), the row-kernel tables, and norms and biases stacked per layer.
 
     layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
@@ -181,7 +181,6 @@ class Tables:
         # bytes of one converted activation row, the most of any matmul (``layers``' abuf holds 7
         # converted inputs of up to n_batch rows: ForwardState.abuf, one per session)
         self.act_row_bytes = max(getattr(L, w).act_row_bytes for L in layer_weights for w in MATMULS)
-        self.kinds = tuple(kind(*SIGNATURES[k]) for k in KINDS)  # the signatures layers calls
         self._mt = {}  # (multi, last_row) -> int64 [n_layer, 7, 10]
         self._fns = {}  # dispatcher -> its NativeFn of its kind's signature
 

@@ -28,6 +28,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
+from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
 # The type of a weight's rows in every kernel signature (what weight_rows returns).
@@ -75,6 +76,15 @@ def _unbox_native_fn(typ, obj, c):
     return NativeValue(val, is_error=c.pyapi.c_api_error())
 
 
+@lower_constant(NativeFnType)
+def _constant_kind(context, builder, ty, pyval):
+    # A global NativeFn is frozen into the compiled (and cached) code: only a kind may be, whose
+    # address is never called; a real address would be stale in the next process.
+    if pyval.addr != 0:
+        raise TypingError(f"{pyval!r} is a global of a compiled function: pass it as an argument")
+    return context.get_constant(types.int64, 0)
+
+
 def native_fn(dispatcher, *argtypes) -> NativeFn:
     """The overload of dispatcher (an @njit function) for exactly these Numba argument types,
     compiled or loaded from the cache now, as a NativeFn. Each argument is a Numba type or an
@@ -87,7 +97,8 @@ def native_fn(dispatcher, *argtypes) -> NativeFn:
 
 def kind(*argtypes) -> NativeFn:
     """A signature as call_at's first argument: a NativeFn of these Numba types at address 0,
-    never called (compiles nothing)."""
+    never called (compiles nothing). Unlike a real NativeFn, a kind may be a global of a compiled
+    function (a constant: no dispatch cost per call)."""
     return NativeFn(None, argtypes, 0)
 
 
