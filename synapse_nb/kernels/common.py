@@ -855,6 +855,46 @@ def acc16_hsum(context, builder, sig, args):
     return _ir_hsum8(builder, [builder.extract_element(v, builder.add(base, ir.Constant(_I32, i))) for i in range(8)])
 
 
+def _emit_store4_hsum(context, builder, sig, args, with_sums):
+    """y[m + r] = hsum_float_8 of row r's 8 lanes (r < 4: rows 0, 1 in acc01, 2, 3 in acc23, as
+    acc16_hsum), plus sums[2r + 1] (with_sums), stored as 4 floats: _ir_hsum8's adds, operands in
+    its order, done for the four rows in three vector adds instead of 28 scalar ones."""
+    y, m, p01, p23 = args[:4]
+    v01 = builder.load(builder.bitcast(p01, _V16F.as_pointer()), align=4)
+    v23 = builder.load(builder.bitcast(p23, _V16F.as_pointer()), align=4)
+    v = builder.shuffle_vector(v01, v23, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+
+    def pick(vec, idx):
+        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+    # (a0 + a4), (a1 + a5), (a2 + a6), (a3 + a7) per row
+    s1 = builder.fadd(pick(v, [8 * r + i for r in range(4) for i in range(4)]),
+                      pick(v, [8 * r + 4 + i for r in range(4) for i in range(4)]))
+    # (a0+a4) + (a2+a6), (a1+a5) + (a3+a7)
+    s2 = builder.fadd(pick(s1, [4 * r + i for r in range(4) for i in (0, 1)]),
+                      pick(s1, [4 * r + i for r in range(4) for i in (2, 3)]))
+    s3 = builder.fadd(pick(s2, [2 * r for r in range(4)]), pick(s2, [2 * r + 1 for r in range(4)]))
+    if with_sums:
+        sv = builder.load(_acc8(builder, args[4]), align=4)
+        s3 = builder.fadd(s3, pick(sv, [1, 3, 5, 7]))
+    out = builder.gep(_data(context, builder, sig.args[0], y, _F32), [m])
+    builder.store(s3, builder.bitcast(out, ir.VectorType(_F32, 4).as_pointer()), align=4)
+
+
+@ir_intrinsic(lambda y, m, acc01, acc23: types.void(y, types.intp, acc01, acc23)
+              if isinstance(y, types.Array) and y.ndim == 1 and y.dtype == types.float32 else None)
+def store4_hsum(context, builder, sig, args):
+    """y[m + r] = acc16_hsum(acc01 / acc23, r % 2) for r < 4, bit for bit (y: float32 1-D, C)."""
+    _emit_store4_hsum(context, builder, sig, args, False)
+
+
+@ir_intrinsic(lambda y, m, acc01, acc23, sums: types.void(y, types.intp, acc01, acc23, sums)
+              if isinstance(y, types.Array) and y.ndim == 1 and y.dtype == types.float32 else None)
+def store4_hsum_sums(context, builder, sig, args):
+    """y[m + r] = acc16_hsum(acc01 / acc23, r % 2) + acc8_lane(sums, 2r + 1) for r < 4, bit for bit."""
+    _emit_store4_hsum(context, builder, sig, args, True)
+
+
 @ir_intrinsic(lambda acc_ptr, i: types.float32(acc_ptr, types.intp))
 def acc8_lane(context, builder, sig, args):
     """acc[i] of 8 float32 touched only as a vector (e.g. the sums of make_block4_dot)."""

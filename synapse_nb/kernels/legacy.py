@@ -50,7 +50,7 @@ from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
                      make_block_lanes_fma, PREFETCH_GROUPS, prefetch, ptr_offset, reduce_add_16, stack_f32,
-                     u32_as_f32)  # (F401: some are used by the generated code only)
+                     store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,14 +286,8 @@ def vec_dot4_{w}_{a}(y, m, w, a_row):
     acc8_zero(sums)
     for b in range(nb):
         _blk4_{w}(p01, p23, sums, w0, w1, w2, w3, b * {WB}, a_row, b * {AB})
-    y[m] = acc16_hsum(p01, 0) + acc8_lane(sums, 1)  #M
-    y[m + 1] = acc16_hsum(p01, 1) + acc8_lane(sums, 3)  #M
-    y[m + 2] = acc16_hsum(p23, 0) + acc8_lane(sums, 5)  #M
-    y[m + 3] = acc16_hsum(p23, 1) + acc8_lane(sums, 7)  #M
-    y[m] = acc16_hsum(p01, 0)  #-
-    y[m + 1] = acc16_hsum(p01, 1)  #-
-    y[m + 2] = acc16_hsum(p23, 0)  #-
-    y[m + 3] = acc16_hsum(p23, 1)  #-
+    store4_hsum_sums(y, m, p01, p23, sums)  #M
+    store4_hsum(y, m, p01, p23)  #-
 '''
 
 
@@ -391,10 +385,7 @@ def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
         _blk4_iq4_nl(o01, o23, sums, w0, w1, w2, w3, (2 * i + 1) * 18, a_row, (2 * i + 1) * 34)
     acc16_add(e01, o01)
     acc16_add(e23, o23)
-    y[m] = acc16_hsum(e01, 0)
-    y[m + 1] = acc16_hsum(e01, 1)
-    y[m + 2] = acc16_hsum(e23, 0)
-    y[m + 3] = acc16_hsum(e23, 1)
+    store4_hsum(y, m, e01, e23)
     if nb % 2 == 1:
         for r in range(4):
             y[m + r] = _iq4_nl_tail(w[m + r], a_row, nb - 1, y[m + r])
