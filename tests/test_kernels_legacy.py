@@ -338,6 +338,27 @@ def test_bound_weight_is_the_checked_path_without_checks(name):
         matmul(b, np.ascontiguousarray(x[:, :255]))  # the public function still checks a bound weight
 
 
+@pytest.mark.parametrize("name", ["Q4_1", "Q4_K", "IQ4_NL", "F16"])
+def test_the_matvec_of_three_weights_is_three_matvecs(name):
+    """A decode driver takes up to three weights reading one activation row in one parallel
+    region (wq, wk, wv): each output the bits of its weight's own matvec, for row counts that are
+    not multiples of the chunk (16) or of vec_dot4's 4, and for a weight of 0 rows."""
+    rng = np.random.default_rng(5)
+    w, _ = fixture_weight(name)
+    b = bind(w)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    a = b.quantize(x)
+    mv = b.drivers(1)[0]
+    parts = (b.rows[:37], b.rows[37:42], b.rows[42:768])
+    want = [b.matmul(x)[:, :37], b.matmul(x)[:, 37:42], b.matmul(x)[:, 42:]]
+    outs = [np.full((1, p.shape[0]), np.nan, np.float32) for p in parts]
+    mv(outs[0], parts[0], outs[1], parts[1], outs[2], parts[2], a, b.n_scratch)
+    assert all(same_bits(o, y) for o, y in zip(outs, want))
+    one = np.full((1, 5), np.nan, np.float32)
+    mv(one, parts[1], one[:0], parts[1][:0], one[:0], parts[1][:0], a, b.n_scratch)
+    assert same_bits(one, want[1])
+
+
 def test_bind_validates_at_load():
     w, d = fixture_weight("Q4_0")
     with pytest.raises(SynapseError, match="short: .*bytes of data"):

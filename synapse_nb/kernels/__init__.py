@@ -158,10 +158,12 @@ class BoundWeight:
         return self.act_fmt is other.act_fmt and self.k == other.k
 
     def drivers(self, n):
-        """(matmul, convert), the kernels for n activation rows: matmul(out float32 [n, m], rows,
-        a uint8 [n, act_row_bytes], n_scratch) and convert(a, x float32 [n, k]) (ggml's from_float).
-        One row: the vec_dot4 / vec_dot driver and the serial converter (no parallel launch);
-        more: the rows_dot driver and the parallel converter. Unchecked, like the methods."""
+        """(matmul, convert), the kernels for n activation rows: convert(a uint8 [n,
+        act_row_bytes], x float32 [n, k]) (ggml's from_float) and, for n > 1, the rows_dot driver
+        matmul(out float32 [n, m], rows, a, n_scratch) with the parallel converter; for one row,
+        the vec_dot4 / vec_dot driver matmul(out1, rows1, out2, rows2, out3, rows3, a, n_scratch)
+        (up to three weights of this format and n_in; see matmul.Kernels) with the serial
+        converter (no parallel launch). Unchecked, like the methods."""
         return (self._mv, self._act1) if n == 1 else (self._mm, self._act)
 
     def quantize(self, x):
@@ -173,7 +175,11 @@ class BoundWeight:
     def matmul_q(self, a, out):
         """out[N, M] = W . a for activations already converted by quantize() (of this weight or of
         one that shares_activation with it). Returns out."""
-        self.drivers(a.shape[0])[0](out, self.rows, a, self.n_scratch)
+        if a.shape[0] == 1:
+            none_out, none_rows = out[:0], self.rows[:0]
+            self._mv(out, self.rows, none_out, none_rows, none_out, none_rows, a, self.n_scratch)
+        else:
+            self._mm(out, self.rows, a, self.n_scratch)
         return out
 
     def matmul(self, x, out=None):

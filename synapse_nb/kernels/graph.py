@@ -26,8 +26,10 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # one converted activation row, the entry whose converted activations it reads (itself, or an
 # earlier entry of the same input converted to the same bytes), its vec_dot scratch size, then for
 # the batch's rows and for one row (a prefill batch's last layer after attention): the matmul
-# kernel and the converter (0: reads the other entry's conversion).
-ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1 = range(10)
+# kernel and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
+# entry): one row's matvecs of wq, wk, wv (gate, up) are one call of wq's (gate's) kernel, the
+# weights being of one format and n_in and sharing wq's (gate's) conversion.
+ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(11)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
 RMS, ROPE, SWIGLU, STORE, ATTN = range(5)
 
@@ -38,7 +40,9 @@ _KV = types.Array(types.uint16, 4, "C")
 # The kernels' signatures, as ``layers`` calls them (each call is checked against these types
 # when the loop compiles; every address of a table comes from native_fn with exactly these types).
 SIGNATURES = {
-    "matmul": (_F2, WEIGHT_ROWS, _U8, types.int64),  # out, rows, activations, n_scratch
+    "matmul": (_F2, WEIGHT_ROWS, _U8, types.int64),  # out, rows, activations, n_scratch (n > 1 rows)
+    # one row: out1, rows1, out2, rows2, out3, rows3 (0 rows: none), activations, n_scratch
+    "matvec": (_F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _U8, types.int64),
     "convert": (_U8, _F2),  # activations, x
     "rms_norm": (_F2, _F2, _F1, types.float32),  # out, x, w, eps
     "rope": (_F2, _F2, types.int64, types.int64, types.int64, types.boolean),  # x, cache, heads, dim, n_rot, neox
@@ -47,22 +51,43 @@ SIGNATURES = {
     # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace
     "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1),
 }
-KINDS = ("matmul", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
+KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
 # at every call: 27 us a forward for these seven)
-_K_MM, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
+_K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
 
 
 @njit(cache=True, error_model="numpy")
 def _matmul(e, one, out, x, abuf):
-    """out[n] = W . x[n] for matmul table entry e (int64 [10]); one: the one-row kernels.
+    """out[n] = W . x[n] for matmul table entry e (int64 [11]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
     n = x.shape[0]
     a = abuf[e[SRC], :n * e[ARB]].reshape((n, e[ARB]))
     cv = e[ACT_1] if one else e[ACT_N]
     if cv != 0:
         call_at(_K_CV, cv, a, x)
-    call_at(_K_MM, e[MM_1] if one else e[MM_N], out, weight_rows(e[ADDR], e[M], e[RB]), a, e[NSC])
+    w = weight_rows(e[ADDR], e[M], e[RB])
+    if one or n == 1:
+        none = weight_rows(e[ADDR], 0, e[RB])
+        call_at(_K_MV, e[MM_1] if one else e[MM_N], out, w, out[:0], none, out[:0], none, a, e[NSC])
+    else:
+        call_at(_K_MM, e[MM_N], out, w, a, e[NSC])
+
+
+@njit(cache=True, error_model="numpy")
+def _matvecs(ea, eb, ec, three, one, ya, yb, yc, x, abuf):
+    """ya, yb (and yc when three) = W . x for one row x and the entries ea, eb, ec fused into one
+    call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
+    a = abuf[ea[SRC], :ea[ARB]].reshape((1, ea[ARB]))
+    cv = ea[ACT_1] if one else ea[ACT_N]
+    if cv != 0:
+        call_at(_K_CV, cv, a, x)
+    wa, wb = weight_rows(ea[ADDR], ea[M], ea[RB]), weight_rows(eb[ADDR], eb[M], eb[RB])
+    if three:
+        wc, yc = weight_rows(ec[ADDR], ec[M], ec[RB]), yc
+    else:
+        wc, yc = weight_rows(ea[ADDR], 0, ea[RB]), ya[:0]
+    call_at(_K_MV, ea[MM_1] if one else ea[MM_N], ya, wa, yb, wb, yc, wc, a, ea[NSC])
 
 
 @njit(cache=True, error_model="numpy")
@@ -98,7 +123,7 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     x, h, q, k, v, attn, o, gate, up, act: float32 [n, .] C, ForwardState's rows (x the residual
     stream, in and out; separate arguments: a tuple would be typed by Python code at every call). rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's
     q temperature (read when attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted
-    activations. mt: int64 [n_layer, 7, 10] matmul entries; rk: int64 [2, 5] row kernels. norms: float32 [n_layer, 2, n_embd] (attn, ffn);
+    activations. mt: int64 [n_layer, 7, 11] matmul entries; rk: int64 [2, 5] row kernels. norms: float32 [n_layer, 2, n_embd] (attn, ffn);
     bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none). kc, vc: the KV cache (5-D, see
     session.KVCache); ws: the attention Workspace's buffer. Stops after the last layer's K/V are
     stored when not want_logits; with all_logits false and n > 1, the last layer after its K/V
@@ -111,9 +136,12 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
         call_at(_K_RMS, rk[0, RMS], h, x, norms[il, 0], eps)
         # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
-        _matmul(e[WQ], False, q, h, abuf)
-        _matmul(e[WK], False, k, h, abuf)
-        _matmul(e[WV], False, v, h, abuf)
+        if n == 1 and e[WQ, FUSE] != 0:
+            _matvecs(e[WQ], e[WK], e[WV], True, False, q, k, v, h, abuf)
+        else:
+            _matmul(e[WQ], False, q, h, abuf)
+            _matmul(e[WK], False, k, h, abuf)
+            _matmul(e[WV], False, v, h, abuf)
         if bias_q.shape[1] > 0:
             _add_rows(q, bias_q[il])
             _add_rows(k, bias_k[il])
@@ -149,8 +177,11 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         # FFN RMSNorm
         call_at(_K_RMS, rk[r, RMS], h, x, norms[il, 1], eps)
         # SwiGLU FFN: down(silu(gate(h)) * up(h))
-        _matmul(e[WGATE], one, gate, h, abuf)
-        _matmul(e[WUP], one, up, h, abuf)
+        if (one or n == 1) and e[WGATE, FUSE] != 0:
+            _matvecs(e[WGATE], e[WUP], e[WUP], False, one, gate, up, up, h, abuf)
+        else:
+            _matmul(e[WGATE], one, gate, h, abuf)
+            _matmul(e[WUP], one, up, h, abuf)
         call_at(_K_SWIGLU, rk[r, SWIGLU], act, gate, up)
         _matmul(e[WDOWN], one, o, act, abuf)
         # Residual: x = ffn_out + ffn_inp
@@ -191,27 +222,32 @@ class Tables:
         return f.addr
 
     def matmuls(self, multi, last_row):
-        """int64 [n_layer, 7, 10]: the matmul entries for a batch of several rows (multi) or one,
+        """int64 [n_layer, 7, 11]: the matmul entries for a batch of several rows (multi) or one,
         with the one-row kernels filled in when last_row (a batch whose last layer continues
         with its last row; zero otherwise, and never read)."""
         key = (bool(multi), bool(last_row) and bool(multi))
         t = self._mt.get(key)
         if t is None:
-            t = np.zeros((len(self._layers), len(MATMULS), 10), np.int64)
+            t = np.zeros((len(self._layers), len(MATMULS), 11), np.int64)
             for il, L in enumerate(self._layers):
                 ws = [getattr(L, name) for name in MATMULS]
                 for j, w in enumerate(ws):
                     # q, k, v read h; gate, up read the FFN's h: a conversion to the same bytes is shared
                     group = (WQ, WK, WV) if j <= WV else (WGATE, WUP) if j in (WGATE, WUP) else (j,)
                     src = next(i for i in group if i <= j and ws[i].shares_activation(w))
-                    mm, cv = w.drivers(2 if multi else 1)
                     t[il, j, :NSC + 1] = (w.rows.ctypes.data, w.m, w.rows.shape[1], w.act_row_bytes, src, w.n_scratch)
-                    t[il, j, MM_N] = self._fn(mm, "matmul")
+                    mm, cv = w.drivers(2 if multi else 1)
+                    t[il, j, MM_N] = self._fn(mm, "matmul" if multi else "matvec")
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
                         mm1, cv1 = w.drivers(1)
-                        t[il, j, MM_1] = self._fn(mm1, "matmul")
+                        t[il, j, MM_1] = self._fn(mm1, "matvec")
                         t[il, j, ACT_1] = self._fn(cv1, "convert") if src == j else 0
+                for group in ((WQ, WK, WV), (WGATE, WUP)):
+                    # one call when the group's weights share one kernel (format) and conversion
+                    first = ws[group[0]]
+                    t[il, group[0], FUSE] = all(ws[j].fmt is first.fmt and t[il, j, SRC] == group[0]
+                                                and ws[j].n_scratch == first.n_scratch for j in group)
             self._mt[key] = t
         return t
 

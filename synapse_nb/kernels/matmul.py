@@ -91,13 +91,33 @@ _ACT1 = '@njit(cache=True, error_model="numpy")\n' + """def {name}(a, x):
 # Matmul: y[n, m] = vec_dot(w[m], a[n]), every output one call of the row function (or of its
 # rows_dot / vec_dot4 twins, which make the same operations per output). Two drivers per format,
 # so that a run compiles (and loads) only the ones it calls: _mv_ for one token (N == 1: the pair
-# kernel, or vec_dot4, four weight rows at once, where the format has it), _mm_ for several
-# (rows_dot, each weight block decoded once for all activation rows, where it has it).
+# kernel, or vec_dot4, four weight rows at once, where the format has it; up to three weights,
+# _CHUNKS3), _mm_ for several (rows_dot, each weight block decoded once for all activation rows,
+# where it has it).
 _CHUNKS = _DECORATOR + """def {name}(y, w, a, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         m0 = c * CHUNK_ROWS
         m1 = min(m_rows, m0 + CHUNK_ROWS)
+{rows}"""
+# Matvec of up to three weights that read the same activation row (wq, wk, wv; gate, up; or one
+# weight and two of 0 rows): their chunks in one parallel region, each output the same call of
+# the row function as alone (a region per weight cost a launch and a wait for the slower thread
+# each: ~2 us of a 4 us wk matvec at 2 threads).
+_CHUNKS3 = _DECORATOR + """def {name}(y1, w1, y2, w2, y3, w3, a, n_scratch):
+    c1 = (w1.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    c2 = (w2.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    c3 = (w3.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for c in prange(c1 + c2 + c3):
+        k = np.int64(c)
+        if k < c1:
+            y, w = y1, w1
+        elif k < c1 + c2:
+            y, w, k = y2, w2, k - c1
+        else:
+            y, w, k = y3, w3, k - c1 - c2
+        m0 = k * CHUNK_ROWS
+        m1 = min(np.int64(w.shape[0]), m0 + CHUNK_ROWS)
 {rows}"""
 _MM_PAIRS = """        scratch = np.empty(n_scratch, np.int32)
         for m in range(m0, m1):
@@ -132,9 +152,11 @@ def _define(src):
 
 class Kernels(NamedTuple):
     """The drivers of one weight type: its activation type's name (vec_dot_type) and converter
-    (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matvec (mv: one activation row) and
-    matmul (mm: N > 1 rows) as (y float32 [N, M], w uint8 [M, row_bytes], a, n_scratch), and the
-    row dequantizer (deq: out float32 [len(ids), K], w, ids int64)."""
+    (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matmul (mm: N > 1 rows) as (y float32
+    [N, M], w uint8 [M, row_bytes], a, n_scratch), matvec (mv: one activation row) as (y1, w1,
+    y2, w2, y3, w3, a, n_scratch), y_i = w_i . a for three weights of this type and n_in (a
+    weight of 0 rows and a y of 0 rows for none), and the row dequantizer (deq: out float32
+    [len(ids), K], w, ids int64)."""
 
     act_type: str
     act: object
@@ -169,7 +191,7 @@ def _build_tables():
                                f"{mod}.{rows}(y, r, w[r], a)")
         else:
             many = _MM_PAIRS.format(mod=mod, dot=dot)
-        _define(_CHUNKS.format(name=f"_mv_{fmt.stem}", rows=one))
+        _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
         _define(_CHUNKS.format(name=f"_mm_{fmt.stem}", rows=many))
         _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
         kernels[fmt.name] = Kernels(fmt.vec_dot_type, act_drivers[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
