@@ -75,15 +75,15 @@ def _matmul(e, one, out, x, abuf):
 
 
 @njit(cache=True, error_model="numpy")
-def _matvecs(ea, eb, ec, three, one, ya, yb, yc, x, abuf):
-    """ya, yb (and yc when three) = W . x for one row x and the entries ea, eb, ec fused into one
-    call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
+def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
+    """ya, yb (and yc when n_w is 3) = W . x for one row x and the entries ea, eb, ec fused into
+    one call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
     a = abuf[ea[SRC], :ea[ARB]].reshape((1, ea[ARB]))
     cv = ea[ACT_1] if one else ea[ACT_N]
     if cv != 0:
         call_at(_K_CV, cv, a, x)
     wa, wb = weight_rows(ea[ADDR], ea[M], ea[RB]), weight_rows(eb[ADDR], eb[M], eb[RB])
-    if three:
+    if n_w == 3:
         wc, yc = weight_rows(ec[ADDR], ec[M], ec[RB]), yc
     else:
         wc, yc = weight_rows(ea[ADDR], 0, ea[RB]), ya[:0]
@@ -118,30 +118,34 @@ def _scale_rows(y, s):
 def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norms, bias_q, bias_k, bias_v, bias_o,
            kc, vc, ws, n_past, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
            all_logits):
-    """Every transformer block on the n rows of acts at positions n_past.., appending K/V to the cache.
+    """Every transformer block on the n rows of x at positions n_past.., appending K/V to the cache.
 
     x, h, q, k, v, attn, o, gate, up, act: float32 [n, .] C, ForwardState's rows (x the residual
-    stream, in and out; separate arguments: a tuple would be typed by Python code at every call). rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's
-    q temperature (read when attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted
-    activations. mt: int64 [n_layer, 7, 11] matmul entries; rk: int64 [2, 5] row kernels. norms: float32 [n_layer, 2, n_embd] (attn, ffn);
-    bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none). kc, vc: the KV cache (5-D, see
-    session.KVCache); ws: the attention Workspace's buffer. Stops after the last layer's K/V are
-    stored when not want_logits; with all_logits false and n > 1, the last layer after its K/V
-    goes on with the last row only (llama.cpp's inp_out_ids; rows are independent).
+    stream, in and out; separate arguments: a tuple would be typed by Python code at every call).
+    rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's q temperature (read when
+    attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted activations. mt: int64
+    [n_layer, 7, 11] matmul entries; rk: int64 [2, 5] row kernels (Tables). norms: float32
+    [n_layer, 2, n_embd] (attn, ffn); bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none).
+    kc, vc: the KV cache (5-D, see session.KVCache); ws: the attention Workspace's buffer. Stops
+    after the last layer's K/V are stored when not want_logits; with all_logits false and n > 1,
+    the last layer after its K/V goes on with the last row only (llama.cpp's inp_out_ids; rows
+    are independent).
     """
     n = x.shape[0]
     n_layer = mt.shape[0]
     for il in range(n_layer):
         e = mt[il]
+        one = False  # (a variable, not the literal: each helper then compiles once)
         # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
         call_at(_K_RMS, rk[0, RMS], h, x, norms[il, 0], eps)
         # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
         if n == 1 and e[WQ, FUSE] != 0:
-            _matvecs(e[WQ], e[WK], e[WV], True, False, q, k, v, h, abuf)
+            n_w = 3
+            _matvecs(e[WQ], e[WK], e[WV], n_w, one, q, k, v, h, abuf)
         else:
-            _matmul(e[WQ], False, q, h, abuf)
-            _matmul(e[WK], False, k, h, abuf)
-            _matmul(e[WV], False, v, h, abuf)
+            _matmul(e[WQ], one, q, h, abuf)
+            _matmul(e[WK], one, k, h, abuf)
+            _matmul(e[WV], one, v, h, abuf)
         if bias_q.shape[1] > 0:
             _add_rows(q, bias_q[il])
             _add_rows(k, bias_k[il])
@@ -155,7 +159,6 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         # Append k, v to this layer's cache as F16
         call_at(_K_STORE, rk[0, STORE], kc[il], vc[il], k, v, n_past)
         pos_q = n_past
-        one = False
         if il == n_layer - 1:
             if not want_logits:
                 return  # the cache is complete; nothing after this feeds it
@@ -178,7 +181,8 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         call_at(_K_RMS, rk[r, RMS], h, x, norms[il, 1], eps)
         # SwiGLU FFN: down(silu(gate(h)) * up(h))
         if (one or n == 1) and e[WGATE, FUSE] != 0:
-            _matvecs(e[WGATE], e[WUP], e[WUP], False, one, gate, up, up, h, abuf)
+            n_w = 2
+            _matvecs(e[WGATE], e[WUP], e[WUP], n_w, one, gate, up, up, h, abuf)
         else:
             _matmul(e[WGATE], one, gate, h, abuf)
             _matmul(e[WUP], one, up, h, abuf)
