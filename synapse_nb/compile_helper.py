@@ -144,6 +144,7 @@ def main(argv) -> int:
     with locked_cache_saves():
         model = load_model(path)
         s = _warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
+        model.compile_layers(s.state, s.cache)  # first: the parent's first forward needs it too
         s.eval([0])
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
         if rest:

@@ -190,13 +190,9 @@ class Model:
         # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
         # there, as llama.cpp's build_attn / build_ffn; its kernels in the tables built here)
         tabs = self._graph_tables()
-        if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
-            st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
         last_row = want_logits and not all_logits and n > 1
-        _graph.layers(*acts, st.rope[:n], st.temp[:n], st.abuf, tabs.matmuls(n > 1, last_row),
-                      tabs.rows(st.attn_ws, n, n_past, last_row, hp), tabs.norms, *tabs.biases, cache.k, cache.v,
-                      st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot,
-                      hp.rope_type == "neox", eps, self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
+        _graph.layers(*self._layers_args(st, cache, acts, n_past, tabs.matmuls(n > 1, last_row),
+                                         tabs.rows(st.attn_ws, n, n_past, last_row, hp), want_logits, all_logits))
         if not want_logits:
             return None  # the cache is complete; nothing after the last layer's K/V feeds it
         if last_row:
@@ -204,6 +200,29 @@ class Model:
         # Final RMSNorm and the output head (token_embd when tied)
         _ops.rms_norm_rows(h, x, W.output_norm, eps)
         return W.output.matmul(h)
+
+    def _layers_args(self, st, cache, acts, n_past, mt, rk, want_logits, all_logits) -> tuple:
+        """graph.layers' arguments for the rows acts of st at positions n_past.. (tables mt, rk)."""
+        hp = self.hparams
+        tabs = self._graph_tables()
+        n = len(acts[0])
+        if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
+            st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
+        return (*acts, st.rope[:n], st.temp[:n], st.abuf, mt, rk, tabs.norms, *tabs.biases, cache.k, cache.v,
+                st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot, hp.rope_type == "neox",
+                np.float32(hp.rms_eps), self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
+
+    def compile_layers(self, st: ForwardState, cache: KVCache) -> None:
+        """Compile (or load from the cache) graph.layers for this model's forwards, without running
+        it or building its kernel tables (so compiling no kernel): what the compile helper does
+        first, so that the warm-up's process finds the loop in the cache (one signature serves
+        every batch; the tables' types are fixed)."""
+        import numba
+
+        acts = tuple(a[:1] for a in (st.x, st.h, st.q, st.k, st.v, st.attn, st.o, st.gate, st.up, st.act))
+        args = self._layers_args(st, cache, acts, 0, np.zeros((1, len(_graph.MATMULS), 11), np.int64),
+                                 np.zeros((2, 5), np.int64), True, True)
+        _graph.layers.compile(tuple(numba.typeof(a) for a in args))
 
     def _graph_tables(self) -> _graph.Tables:
         if self._tables is None:

@@ -135,3 +135,21 @@ def test_a_kind_may_be_a_global_but_a_real_function_may_not():
     _REAL = f
     with pytest.raises(Exception, match="global of a compiled function"):
         _caller_global_real(y, x, np.float32(2.0))
+
+
+def test_compile_layers_compiles_the_signature_the_forward_calls():
+    """Model.compile_layers (the compile helper's first step) compiles graph.layers without
+    running it; the forward then calls that very signature (one signature in all)."""
+    from pathlib import Path
+
+    from synapse_nb.kernels import graph
+    from synapse_nb.model import load_model
+    from synapse_nb.session import Session
+
+    m = load_model(Path(__file__).parent / "data" / "tiny" / "tiny-llama-q4_0.gguf")
+    s = Session(m, n_ctx=16, n_batch=4, n_threads=1)
+    m.compile_layers(s.state, s.cache)
+    assert m._tables is not None and m._tables._mt == {}  # no kernel table built, no kernel compiled
+    s.eval(np.arange(1, 7, dtype=np.int64))
+    s.eval(np.array([3], np.int64))
+    assert len(graph.layers.signatures) == 1

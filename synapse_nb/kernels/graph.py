@@ -27,8 +27,8 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # earlier entry of the same input converted to the same bytes), its vec_dot scratch size, then for
 # the batch's rows and for one row (a prefill batch's last layer after attention): the matmul
 # kernel and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
-# entry): one row's matvecs of wq, wk, wv (gate, up) are one call of wq's (gate's) kernel, the
-# weights being of one format and n_in and sharing wq's (gate's) conversion.
+# entry; else 0): 3 (2) when one row's matvecs of wq, wk, wv (gate, up) are one call of wq's
+# (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion.
 ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(11)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
 RMS, ROPE, SWIGLU, STORE, ATTN = range(5)
@@ -135,13 +135,12 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     n_layer = mt.shape[0]
     for il in range(n_layer):
         e = mt[il]
-        one = False  # (a variable, not the literal: each helper then compiles once)
+        one = n == 0  # False: a run-time bool, not the literal, so each helper compiles once
         # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
         call_at(_K_RMS, rk[0, RMS], h, x, norms[il, 0], eps)
         # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
         if n == 1 and e[WQ, FUSE] != 0:
-            n_w = 3
-            _matvecs(e[WQ], e[WK], e[WV], n_w, one, q, k, v, h, abuf)
+            _matvecs(e[WQ], e[WK], e[WV], e[WQ, FUSE], one, q, k, v, h, abuf)
         else:
             _matmul(e[WQ], one, q, h, abuf)
             _matmul(e[WK], one, k, h, abuf)
@@ -181,8 +180,7 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         call_at(_K_RMS, rk[r, RMS], h, x, norms[il, 1], eps)
         # SwiGLU FFN: down(silu(gate(h)) * up(h))
         if (one or n == 1) and e[WGATE, FUSE] != 0:
-            n_w = 2
-            _matvecs(e[WGATE], e[WUP], e[WUP], n_w, one, gate, up, up, h, abuf)
+            _matvecs(e[WGATE], e[WUP], e[WUP], e[WGATE, FUSE], one, gate, up, up, h, abuf)
         else:
             _matmul(e[WGATE], one, gate, h, abuf)
             _matmul(e[WUP], one, up, h, abuf)
@@ -250,8 +248,9 @@ class Tables:
                 for group in ((WQ, WK, WV), (WGATE, WUP)):
                     # one call when the group's weights share one kernel (format) and conversion
                     first = ws[group[0]]
-                    t[il, group[0], FUSE] = all(ws[j].fmt is first.fmt and t[il, j, SRC] == group[0]
-                                                and ws[j].n_scratch == first.n_scratch for j in group)
+                    if all(ws[j].fmt is first.fmt and t[il, j, SRC] == group[0] and ws[j].n_scratch == first.n_scratch
+                           for j in group):
+                        t[il, group[0], FUSE] = len(group)
             self._mt[key] = t
         return t
 

@@ -133,7 +133,7 @@ def _swiglu_row(out, gate, up, t):
 @njit(cache=True, error_model="numpy", parallel=True)
 def _swiglu_par(out, gate, up):
     for t in prange(gate.shape[0]):
-        _swiglu_row(out, gate, up, t)
+        _swiglu_row(out, gate, up, np.int64(t))  # (int64 as in _swiglu_ser: one compiled row function)
 
 
 @njit(cache=True, error_model="numpy")
@@ -172,7 +172,7 @@ def _rms_norm_row(out, x, w, eps, t):
 @njit(cache=True, error_model="numpy", parallel=True)
 def _rms_norm_par(out, x, w, eps):
     for t in prange(x.shape[0]):
-        _rms_norm_row(out, x, w, eps, t)
+        _rms_norm_row(out, x, w, eps, np.int64(t))  # (int64 as in _rms_norm_ser: one compiled row function)
 
 
 @njit(cache=True, error_model="numpy")
@@ -287,7 +287,7 @@ def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
 @njit(cache=True, error_model="numpy", parallel=True)
 def _rope_par(x, cache, n_heads, head_dim, n_dims, neox):
     for th in prange(x.shape[0] * n_heads):
-        _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)
+        _rope_head(x, cache, n_heads, head_dim, n_dims, neox, np.int64(th))  # (int64 as in _rope_ser)
 
 
 @njit(cache=True, error_model="numpy")
