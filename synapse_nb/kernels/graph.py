@@ -53,7 +53,7 @@ SIGNATURES = {
 }
 KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
-# at every call: 27 us a forward for these seven)
+# at every call: ~27 us a forward for seven of them)
 _K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
 
 
