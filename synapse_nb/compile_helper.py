@@ -8,7 +8,9 @@ attention) and the single-token one has one row (the _mv_ drivers, the serial op
 attention). So while the warm-up runs the batched forward, this process (main(), started with
 the parent's own package first on sys.path: the cache entries are keyed by source file) runs
 the single-token forward on the same model into the same cache; the warm-up then runs its
-single-token forward, which loads what this process wrote.
+single-token forward, which loads what this process wrote. Both forwards run the one compiled
+block loop (kernels/graph.layers): this process compiles it first (Model.compile_layers), so
+that the warm-up's process loads it.
 
 A Helper starts the process only when the warm-up really compiles (Numba's first
 "numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it

@@ -178,7 +178,7 @@ class Model:
         W = self.weights
         n = len(tokens)
         eps = np.float32(hp.rms_eps)
-        acts = tuple(a[:n] for a in (st.x, st.h, st.q, st.k, st.v, st.attn, st.o, st.gate, st.up, st.act))
+        acts = st.activations(n)
         x, h = acts[0], acts[1]
 
         # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows).
@@ -219,9 +219,9 @@ class Model:
         every batch; the tables' types are fixed)."""
         import numba
 
-        acts = tuple(a[:1] for a in (st.x, st.h, st.q, st.k, st.v, st.attn, st.o, st.gate, st.up, st.act))
-        args = self._layers_args(st, cache, acts, 0, np.zeros((1, len(_graph.MATMULS), 11), np.int64),
-                                 np.zeros((2, 5), np.int64), True, True)
+        args = self._layers_args(st, cache, st.activations(1), 0,
+                                 np.zeros((1, len(_graph.MATMULS), _graph.ENTRY_FIELDS), np.int64),
+                                 np.zeros((2, _graph.ROW_KERNELS), np.int64), True, True)
         _graph.layers.compile(tuple(numba.typeof(a) for a in args))
 
     def _graph_tables(self) -> _graph.Tables:

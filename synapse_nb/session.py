@@ -99,6 +99,11 @@ class ForwardState:
         self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
         self.abuf = None  # uint8 [7, n_batch * act_row_bytes]: converted activations (Model.forward)
 
+    def activations(self, n: int) -> tuple:
+        """The first n rows of x, h, q, k, v, attn, o, gate, up, act (graph.layers' order)."""
+        return tuple(a[:n] for a in (self.x, self.h, self.q, self.k, self.v, self.attn, self.o, self.gate, self.up,
+                                     self.act))
+
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
 # decode step wait for a descheduled spinner whenever another process holds a core: measured on

@@ -29,9 +29,11 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # kernel and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
 # entry; else 0): 3 (2) when one row's matvecs of wq, wk, wv (gate, up) are one call of wq's
 # (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion.
-ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(11)
+ENTRY_FIELDS = 11
+ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(ENTRY_FIELDS)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
-RMS, ROPE, SWIGLU, STORE, ATTN = range(5)
+ROW_KERNELS = 5
+RMS, ROPE, SWIGLU, STORE, ATTN = range(ROW_KERNELS)
 
 _F1 = types.Array(types.float32, 1, "C")
 _F2 = types.Array(types.float32, 2, "C")
@@ -124,8 +126,9 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     stream, in and out; separate arguments: a tuple would be typed by Python code at every call).
     rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's q temperature (read when
     attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted activations. mt: int64
-    [n_layer, 7, 11] matmul entries; rk: int64 [2, 5] row kernels (Tables). norms: float32
-    [n_layer, 2, n_embd] (attn, ffn); bias_*: float32 [n_layer, d] (qwen2) or [n_layer, 0] (none).
+    [n_layer, 7, ENTRY_FIELDS] matmul entries; rk: int64 [2, ROW_KERNELS] row kernels (Tables).
+    norms: float32 [n_layer, 2, n_embd] (attn, ffn); bias_*: float32 [n_layer, d] (qwen2) or
+    [n_layer, 0] (none).
     kc, vc: the KV cache (5-D, see session.KVCache); ws: the attention Workspace's buffer. Stops
     after the last layer's K/V are stored when not want_logits; with all_logits false and n > 1,
     the last layer after its K/V goes on with the last row only (llama.cpp's inp_out_ids; rows
@@ -191,8 +194,9 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
 
 
 class Tables:
-    """What ``layers`` needs of a model besides the rows it runs on: the matmul tables (one per batch kind, built on first use, compiling or loading only the kernels
-    that kind calls), the row-kernel tables, and norms and biases stacked per layer.
+    """What ``layers`` needs of a model besides the rows it runs on: the matmul tables (one per
+    batch kind, built on first use, compiling or loading only the kernels that kind calls), the
+    row-kernel tables, and norms and biases stacked per layer.
 
     layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
     shapes are the bytes of the tensor). The arrays here are made once; the caller keeps the
@@ -205,16 +209,17 @@ class Tables:
         self.norms = np.ascontiguousarray(np.stack([np.stack([L.attn_norm, L.ffn_norm]) for L in layer_weights]),
                                           dtype=np.float32)
         biases = []
-        for name, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"), ("bo", "wo")):
+        for name in ("bq", "bk", "bv", "bo"):
             if getattr(L0, name) is None:
                 biases.append(np.zeros((len(layer_weights), 0), np.float32))
             else:
-                biases.append(np.ascontiguousarray(np.stack([getattr(L, name) for L in layer_weights]), dtype=np.float32))
+                stacked = np.stack([getattr(L, name) for L in layer_weights])
+                biases.append(np.ascontiguousarray(stacked, dtype=np.float32))
         self.biases = tuple(biases)
         # bytes of one converted activation row, the most of any matmul (``layers``' abuf holds 7
         # converted inputs of up to n_batch rows: ForwardState.abuf, one per session)
         self.act_row_bytes = max(getattr(L, w).act_row_bytes for L in layer_weights for w in MATMULS)
-        self._mt = {}  # (multi, last_row) -> int64 [n_layer, 7, 10]
+        self._mt = {}  # (multi, last_row) -> int64 [n_layer, 7, ENTRY_FIELDS]
         self._fns = {}  # dispatcher -> its NativeFn of its kind's signature
 
     def _fn(self, dispatcher, kind):
@@ -224,13 +229,13 @@ class Tables:
         return f.addr
 
     def matmuls(self, multi, last_row):
-        """int64 [n_layer, 7, 11]: the matmul entries for a batch of several rows (multi) or one,
-        with the one-row kernels filled in when last_row (a batch whose last layer continues
-        with its last row; zero otherwise, and never read)."""
+        """int64 [n_layer, 7, ENTRY_FIELDS]: the matmul entries for a batch of several rows
+        (multi) or one, with the one-row kernels filled in when last_row (a batch whose last layer
+        continues with its last row; zero otherwise, and never read)."""
         key = (bool(multi), bool(last_row) and bool(multi))
         t = self._mt.get(key)
         if t is None:
-            t = np.zeros((len(self._layers), len(MATMULS), 11), np.int64)
+            t = np.zeros((len(self._layers), len(MATMULS), ENTRY_FIELDS), np.int64)
             for il, L in enumerate(self._layers):
                 ws = [getattr(L, name) for name in MATMULS]
                 for j, w in enumerate(ws):
@@ -255,12 +260,12 @@ class Tables:
         return t
 
     def rows(self, ws, n, n_past, last_row, hp):
-        """int64 [2, 5]: the row kernels for n rows at positions n_past.. (and for the last row of
-        the last layer when last_row and n > 1), the attention kernel as attention_rows chooses it."""
-        t = np.zeros((2, 5), np.int64)
-        for r, (m, pos) in enumerate(((n, n_past), (1, n_past + n - 1))):
-            if r == 1 and not (last_row and n > 1):
-                break
+        """int64 [2, ROW_KERNELS]: the row kernels for n rows at positions n_past.. (and for the
+        last row of the last layer when last_row and n > 1; zero otherwise, and never read), the
+        attention kernel as attention_rows chooses it."""
+        t = np.zeros((2, ROW_KERNELS), np.int64)
+        variants = [(n, n_past)] + ([(1, n_past + n - 1)] if last_row and n > 1 else [])
+        for r, (m, pos) in enumerate(variants):
             rows = _ops.row_kernels(m)
             if r == 0:  # the last row goes on after RoPE and the K/V store
                 t[r, ROPE] = self._fn(rows.rope, "rope")
