@@ -439,7 +439,24 @@ def ir_high_bits64(builder, p0, p1):
     return builder.shl(builder.zext(bits, ir.VectorType(_I8, 64)), ir.Constant(ir.VectorType(_I8, 64), [4] * 64))
 
 
-PREFETCH_GROUPS = 2  # how many 4-row groups ahead make_block4_dot prefetches the weights
+# How far ahead of the bytes being read the four-row kernels (make_block4_dot, make_superblock4_dot,
+# vec_dot4_bf16) prefetch the weights: PREFETCH_GROUPS 4-row groups, and at least PREFETCH_MIN_BYTES.
+# Measured cold from memory, 1 thread (best of 15): SmolLM2's Q4_1 gate (360-byte rows, 2 groups =
+# 2.9 KiB) 33-35 -> 25-26 us at 8 KiB, its Q8_0 head 1163-1240 -> 1028-1052 us (with Q8_0's third
+# line a step), Qwen2.5's Q8_0 head 5016-5075 -> 4510-4614 us; 16 and 32 KiB were slower again, and
+# 8 KiB rather than 2 groups made Qwen's 3990-byte Q6_K rows (2 groups: 32 KiB) 25 % slower. At 2
+# threads the same kernels measured no different (within this machine's noise).
+PREFETCH_GROUPS = 2
+PREFETCH_MIN_BYTES = 8192
+
+
+def ir_prefetch_ahead(builder, stride):
+    """The prefetch distance in bytes for 4-row groups of rows `stride` bytes apart (i64 IR value):
+    max(4 * PREFETCH_GROUPS * stride, PREFETCH_MIN_BYTES)."""
+    i64 = ir.IntType(64)
+    rows = builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS))
+    lo = ir.Constant(i64, PREFETCH_MIN_BYTES)
+    return builder.select(builder.icmp_unsigned(">", rows, lo), rows, lo)
 
 
 def ir_prefetch(builder, p):
@@ -464,7 +481,7 @@ def prefetch(typingctx, arr, off):
     return sig, codegen
 
 
-def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch=True):
+def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
@@ -475,8 +492,9 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch
       a_off + a_d_off + 2 (the even lanes of sums hold junk: read only the odd ones).
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
     buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
-    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>. ``prefetch``:
-    fetch the weights ahead (a matvec streams them; a matmul re-reads each block for many rows)."""
+    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>; block_bytes:
+    the format's block size. ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
+    re-reads each block for many rows)."""
     v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
     i16, i32 = ir.IntType(16), _I32
 
@@ -490,14 +508,15 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, prefetch
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
             # The four rows (adjacent in memory) are read side by side, each slowly (one block a
-            # step): the hardware prefetchers lose track of them, so the group PREFETCH_GROUPS
-            # ahead (rows m + 4g ..) is fetched here at the rate this group is read (4 blocks a
-            # step, two lines). A prefetch past the end of the mapping is dropped, never a fault.
+            # step): the hardware prefetchers lose track of them, so the bytes ir_prefetch_ahead
+            # past the four rows' start + 4 * w_off are fetched here, at the rate the group is read
+            # (4 blocks a step: two lines, three for Q8_0's 136 bytes): one stream over the rows,
+            # continuous from group to group. A prefetch past the end of the mapping is dropped,
+            # never a fault.
             i64 = ir.IntType(64)
             stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-            ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
-                                builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
-            for extra in ((0, 64) if prefetch else ()):
+            ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), ir_prefetch_ahead(builder, stride))
+            for extra in (range(0, 4 * block_bytes, 64) if prefetch else ()):
                 ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
             def at(ptr, off, ty):
                 return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]),
@@ -1017,7 +1036,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         "scalar" (Q5_K): accx[r] = fma(dmin_r, sum_c mn[c]*bp[c], accx[r]);
         "bsums32" (Q6_K): the lanes start at -32*(sc[2k]*bs[2k] + sc[2k+1]*bs[2k+1]);
         with bs the Q8_K block's 16 bsums, bp[c] = bs[2c] + bs[2c+1].
-    ``prefetch``: fetch the weights PREFETCH_GROUPS 4-row groups ahead (see make_block4_dot)."""
+    ``prefetch``: fetch the weights ahead (ir_prefetch_ahead; see make_block4_dot)."""
     v16f = _V16F
     i16, i64 = ir.IntType(16), ir.IntType(64)
     if dmin_off is not None:
@@ -1034,10 +1053,9 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             wp = [builder.gep(_data(context, builder, signature.args[3 + r], v), [wo])
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
-            if prefetch:  # as make_block4_dot: the 4-row group PREFETCH_GROUPS ahead, at 4 blocks a step
+            if prefetch:  # as make_block4_dot: ir_prefetch_ahead bytes ahead, at 4 blocks a step
                 stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-                ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)),
-                                    builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS)))
+                ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), ir_prefetch_ahead(builder, stride))
                 for extra in range(0, 4 * block_bytes, 64):
                     ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
             if use_madd:

@@ -49,8 +49,8 @@ from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
-                     make_block_lanes_fma, PREFETCH_GROUPS, prefetch, ptr_offset, reduce_add_16, stack_f32,
-                     store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
+                     make_block_lanes_fma, PREFETCH_GROUPS, PREFETCH_MIN_BYTES, prefetch, ptr_offset,
+                     reduce_add_16, stack_f32, store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,10 +162,10 @@ _BLOCK_FORMATS = (
 
 # Per-block intrinsics (common.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
 # dequantization of one block.
-for _stem, _, _, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
+for _stem, _, _bb, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
-    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao)
-    globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao,
+    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao, _bb)
+    globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao, _bb,
                                                    prefetch=False)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
 
@@ -526,9 +526,9 @@ def vec_dot4_bf16(y, m, w, a_row):
         acc[t] = np.float32(0.0)
     n = xh.size
     npart = n - n % 64
-    # the group PREFETCH_GROUPS ahead (rows m + 4 G .., adjacent: one region of 4 rows), fetched
-    # at the rate this one is read (4 x 128 bytes a step), as make_block4_dot does
-    ahead = (m + 4 * PREFETCH_GROUPS) * w.shape[1]
+    # ahead in the four rows (adjacent: one region) by common.ir_prefetch_ahead's distance, fetched
+    # at the rate they are read (4 x 128 bytes a step), as make_block4_dot does
+    ahead = m * w.shape[1] + max(4 * PREFETCH_GROUPS * w.shape[1], PREFETCH_MIN_BYTES)
     for i in range(0, npart, 64):
         for line in range(0, 512, 64):
             prefetch(w, ahead + 8 * i + line)
