@@ -442,7 +442,7 @@ def ir_high_bits64(builder, p0, p1):
 # How far ahead of the bytes being read the four-row kernels (make_block4_dot, make_superblock4_dot,
 # vec_dot4_bf16) prefetch the weights: PREFETCH_GROUPS 4-row groups, and at least PREFETCH_MIN_BYTES.
 # Measured cold from memory, 1 thread (best of 15): SmolLM2's Q4_1 gate (360-byte rows, 2 groups =
-# 2.9 KiB) 33-35 -> 25-26 us at 8 KiB, its Q8_0 head 1163-1240 -> 1028-1052 us (with Q8_0's third
+# 2.9 KiB) 33-35 -> 25-26 us at 8 KiB, its Q8_0 head 1175-1210 -> 1028-1053 us (with Q8_0's third
 # line a step), Qwen2.5's Q8_0 head 5016-5075 -> 4510-4614 us; 16 and 32 KiB were slower again, and
 # 8 KiB rather than 2 groups made Qwen's 3990-byte Q6_K rows (2 groups: 32 KiB) 25 % slower. At 2
 # threads the same kernels measured no different (within this machine's noise).
