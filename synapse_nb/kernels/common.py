@@ -450,13 +450,21 @@ PREFETCH_GROUPS = 2
 PREFETCH_MIN_BYTES = 8192
 
 
-def ir_prefetch_ahead(builder, stride):
-    """The prefetch distance in bytes for 4-row groups of rows `stride` bytes apart (i64 IR value):
-    max(4 * PREFETCH_GROUPS * stride, PREFETCH_MIN_BYTES)."""
+def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes):
+    """Prefetch the four adjacent weight rows' stream ahead of one block-step of a four-row
+    kernel: wp, the rows' pointers at the step's offset wo (i64), each step reading a block of
+    block_bytes from each row. The 4 * block_bytes at max(4 * PREFETCH_GROUPS * stride,
+    PREFETCH_MIN_BYTES) past the rows' start + 4 * wo are fetched (stride: the rows' distance):
+    one stream over the group, continuous from group to group, at the rate it is read. A
+    prefetch past the end of the mapping is dropped, never a fault."""
     i64 = ir.IntType(64)
+    stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
     rows = builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS))
     lo = ir.Constant(i64, PREFETCH_MIN_BYTES)
-    return builder.select(builder.icmp_unsigned(">", rows, lo), rows, lo)
+    ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), builder.select(builder.icmp_unsigned(">", rows, lo),
+                                                                              rows, lo))
+    for extra in range(0, 4 * block_bytes, 64):
+        ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
 
 
 def ir_prefetch(builder, p):
@@ -508,16 +516,10 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, block_by
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
             # The four rows (adjacent in memory) are read side by side, each slowly (one block a
-            # step): the hardware prefetchers lose track of them, so the bytes ir_prefetch_ahead
-            # past the four rows' start + 4 * w_off are fetched here, at the rate the group is read
-            # (4 blocks a step: two lines, three for Q8_0's 136 bytes): one stream over the rows,
-            # continuous from group to group. A prefetch past the end of the mapping is dropped,
-            # never a fault.
-            i64 = ir.IntType(64)
-            stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-            ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), ir_prefetch_ahead(builder, stride))
-            for extra in (range(0, 4 * block_bytes, 64) if prefetch else ()):
-                ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
+            # step): the hardware prefetchers lose track of them (4 blocks a step: two lines,
+            # three for Q8_0's 136 bytes)
+            if prefetch:
+                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes)
             def at(ptr, off, ty):
                 return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]),
                                                     ty.as_pointer()), align=1)
@@ -1036,7 +1038,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         "scalar" (Q5_K): accx[r] = fma(dmin_r, sum_c mn[c]*bp[c], accx[r]);
         "bsums32" (Q6_K): the lanes start at -32*(sc[2k]*bs[2k] + sc[2k+1]*bs[2k+1]);
         with bs the Q8_K block's 16 bsums, bp[c] = bs[2c] + bs[2c+1].
-    ``prefetch``: fetch the weights ahead (ir_prefetch_ahead; see make_block4_dot)."""
+    ``prefetch``: fetch the weights ahead (ir_prefetch_rows_ahead)."""
     v16f = _V16F
     i16, i64 = ir.IntType(16), ir.IntType(64)
     if dmin_off is not None:
@@ -1053,11 +1055,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             wp = [builder.gep(_data(context, builder, signature.args[3 + r], v), [wo])
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(_data(context, builder, signature.args[8], a), [ao])
-            if prefetch:  # as make_block4_dot: ir_prefetch_ahead bytes ahead, at 4 blocks a step
-                stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-                ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), ir_prefetch_ahead(builder, stride))
-                for extra in range(0, 4 * block_bytes, 64):
-                    ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
+            if prefetch:  # as make_block4_dot
+                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes)
             if use_madd:
                 maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")

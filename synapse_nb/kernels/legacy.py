@@ -526,7 +526,7 @@ def vec_dot4_bf16(y, m, w, a_row):
         acc[t] = np.float32(0.0)
     n = xh.size
     npart = n - n % 64
-    # ahead in the four rows (adjacent: one region) by common.ir_prefetch_ahead's distance, fetched
+    # ahead in the four rows (adjacent: one region) by common.ir_prefetch_rows_ahead's distance, fetched
     # at the rate they are read (4 x 128 bytes a step), as make_block4_dot does
     ahead = m * w.shape[1] + max(4 * PREFETCH_GROUPS * w.shape[1], PREFETCH_MIN_BYTES)
     for i in range(0, npart, 64):
