@@ -61,7 +61,7 @@ from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_
                      dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes,
                      ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8,
                      lanes_fma8, load_f32, make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32,
-                     stack_u8, u32_as_f32, zero16)  # (F401: acc16_* are used by the generated vec_dot4)
+                     stack_u8, store4_hsum, u32_as_f32, zero16)  # (F401: acc16_*, store4_hsum: the generated vec_dot4)
 
 QK_K = 256
 Q8_K_BYTES = 292
@@ -1036,11 +1036,11 @@ _SB4 = {
 for _stem, (_wb, _kw) in _SB4.items():
     globals()[f"_sb4_{_stem}"] = make_superblock4_dot(_wb, **_kw)
 
-# vec_dot's final sum per row r, after hsum_float_8 of its 8 lanes (acc16_hsum)
+# vec_dot's final sum per row r, added to hsum_float_8 of its 8 lanes (store4_hsum's y[m + r])
 _TAIL = {
-    "q4_K": (" + ((acc16_lane(px, 4 * r) + acc16_lane(px, 4 * r + 2))"
+    "q4_K": ("\n    for r in range(4):\n        y[m + r] = y[m + r] + ((acc16_lane(px, 4 * r) + acc16_lane(px, 4 * r + 2))"
              " + (acc16_lane(px, 4 * r + 1) + acc16_lane(px, 4 * r + 3)))"),  # the four min lanes
-    "q5_K": " + acc16_lane(px, r)",  # summs
+    "q5_K": "\n    for r in range(4):\n        y[m + r] = y[m + r] + acc16_lane(px, r)",  # summs
 }
 
 _VEC_DOT4 = '''
@@ -1058,8 +1058,7 @@ def vec_dot4_{w}_q8_K(y, m, w, a_row):
     acc16_zero(px)
     for i in range(nb):
         _sb4_{w}(acc, ptr_offset(acc, 16), px, w0, w1, w2, w3, i * {WB}, a_row, i * Q8_K_BYTES)
-    for r in range(4):
-        y[m + r] = acc16_hsum(ptr_offset(acc, 16 * (r // 2)), r % 2){tail}
+    store4_hsum(y, m, acc, ptr_offset(acc, 16)){tail}
 '''
 
 for _stem, (_wb, _) in _SB4.items():
