@@ -61,7 +61,7 @@ _K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGN
 
 @njit(cache=True, error_model="numpy")
 def _matmul(e, one, out, x, abuf):
-    """out[n] = W . x[n] for matmul table entry e (int64 [11]); one: the one-row kernels.
+    """out[n] = W . x[n] for matmul table entry e (int64 [ENTRY_FIELDS]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
     n = x.shape[0]
     a = abuf[e[SRC], :n * e[ARB]].reshape((n, e[ARB]))
