@@ -4,8 +4,8 @@
 
 The prompt is README.md tokenized (repeated if shorter), cut to --n-prompt tokens. Prints prefill
 tokens/s, decode ms per token and tokens/s, and the share of decode time spent in attention
-(attention_rows timed on its own at the last
-position, times the layers). One run, no medians: on a shared machine take ratios.
+(attention_rows timed on its own at the last position, times the layers). One run, no medians:
+on a shared machine take ratios.
 """
 
 import argparse
