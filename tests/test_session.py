@@ -381,12 +381,38 @@ def test_decode_threads_switch_only_when_the_other_count_is_faster():
             d.record(t, (t2 if t == 2 else t1) * rng.uniform(0.9, 1.1))
         return used
 
+    def steps(n, t2, t1):
+        used = []
+        for _ in range(n):
+            t = d.threads()
+            used.append(t)
+            d.record(t, (t2 if t == 2 else t1) * rng.uniform(0.9, 1.1))
+        return used
+
+    first = steps(d.FIRST_PERIOD, 4.3, 6.2)  # the short first period; then periods of P steps
+    assert d.current == 2 and first == [2] * (d.FIRST_PERIOD - d.PROBES) + [1] * d.PROBES
     idle = run(5, 4.3, 6.2)
     assert d.current == 2 and idle.count(1) == 5 * d.PROBES  # only the probes ran on 1 thread
     busy = run(3, 15.0, 6.2)
     assert d.current == 1 and busy[:P].count(2) == P - d.PROBES and busy[2 * P:].count(1) == P - d.PROBES
     again = run(2, 4.3, 6.2)
     assert d.current == 2 and again[P:].count(2) == P - d.PROBES
+
+
+def test_decode_threads_see_a_busy_machine_within_the_first_period():
+    """A run that starts on a busy machine (n-thread steps 2.5x slower than 1-thread ones) moves
+    to 1 thread after FIRST_PERIOD steps, not after a whole PERIOD, and not before its probes."""
+    from synapse_nb.decode_threads import DecodeThreads
+
+    d = DecodeThreads(2)
+    assert d.FIRST_PERIOD < d.PERIOD
+    used = []
+    for _ in range(d.FIRST_PERIOD + 20):
+        t = d.threads()
+        used.append(t)
+        d.record(t, 15.0 if t == 2 else 6.2)
+    F = d.FIRST_PERIOD
+    assert used[:F] == [2] * (F - d.PROBES) + [1] * d.PROBES and used[F:] == [1] * 20 and d.current == 1
 
 
 def test_decode_steps_on_chosen_threads_give_the_same_tokens():
@@ -397,8 +423,8 @@ def test_decode_steps_on_chosen_threads_give_the_same_tokens():
     m = model("tiny-llama-q4_0")
     ref = Session(m, n_ctx=64, n_threads=1)
     want = ref.generate([1, 2, 3], 12, ignore_eos=True)
-    old = D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES
-    D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES = 2, 1
+    old = D.DecodeThreads.PERIOD, D.DecodeThreads.FIRST_PERIOD, D.DecodeThreads.PROBES
+    D.DecodeThreads.PERIOD, D.DecodeThreads.FIRST_PERIOD, D.DecodeThreads.PROBES = 2, 2, 1
     try:
         s = Session(m, n_ctx=64, n_threads=2)
         assert s.generate([1, 2, 3], 12, ignore_eos=True) == want
@@ -407,4 +433,4 @@ def test_decode_steps_on_chosen_threads_give_the_same_tokens():
         if numba.config.NUMBA_NUM_THREADS > 1:  # (Session caps n_threads at Numba's pool)
             assert s._decode_threads is not None and s._decode_threads._step > 0
     finally:
-        D.DecodeThreads.PERIOD, D.DecodeThreads.PROBES = old
+        D.DecodeThreads.PERIOD, D.DecodeThreads.FIRST_PERIOD, D.DecodeThreads.PROBES = old
