@@ -361,6 +361,17 @@ def test_inf_in_weights_gives_no_exception(tmp_path):
     assert logits.shape == (512,)
 
 
+def _decode_steps(d, n, t2, t1, rng=None):
+    """Drive DecodeThreads d for n steps whose 2-thread steps take t2 and 1-thread ones t1 (times
+    +-10 % noise from rng, when given); the thread count of each step."""
+    used = []
+    for _ in range(n):
+        t = d.threads()
+        used.append(t)
+        d.record(t, (t2 if t == 2 else t1) * (rng.uniform(0.9, 1.1) if rng else 1.0))
+    return used
+
+
 def test_decode_threads_switch_only_when_the_other_count_is_faster():
     """DecodeThreads: on an idle machine (1 thread 1.45x slower, noise of +-10%) it stays on n
     threads; when n-thread steps slow down 2.5x (a busy neighbour) it moves to 1 within a period,
@@ -374,22 +385,9 @@ def test_decode_threads_switch_only_when_the_other_count_is_faster():
     P = d.PERIOD
 
     def run(periods, t2, t1):
-        used = []
-        for _ in range(periods * P):
-            t = d.threads()
-            used.append(t)
-            d.record(t, (t2 if t == 2 else t1) * rng.uniform(0.9, 1.1))
-        return used
+        return _decode_steps(d, periods * P, t2, t1, rng)
 
-    def steps(n, t2, t1):
-        used = []
-        for _ in range(n):
-            t = d.threads()
-            used.append(t)
-            d.record(t, (t2 if t == 2 else t1) * rng.uniform(0.9, 1.1))
-        return used
-
-    first = steps(d.FIRST_PERIOD, 4.3, 6.2)  # the short first period; then periods of P steps
+    first = _decode_steps(d, d.FIRST_PERIOD, 4.3, 6.2, rng)  # the short first period; then periods of P steps
     assert d.current == 2 and first == [2] * (d.FIRST_PERIOD - d.PROBES) + [1] * d.PROBES
     idle = run(5, 4.3, 6.2)
     assert d.current == 2 and idle.count(1) == 5 * d.PROBES  # only the probes ran on 1 thread
@@ -406,12 +404,8 @@ def test_decode_threads_see_a_busy_machine_within_the_first_period():
 
     d = DecodeThreads(2)
     assert d.FIRST_PERIOD < d.PERIOD
-    used = []
-    for _ in range(d.FIRST_PERIOD + 20):
-        t = d.threads()
-        used.append(t)
-        d.record(t, 15.0 if t == 2 else 6.2)
     F = d.FIRST_PERIOD
+    used = _decode_steps(d, F + 20, 15.0, 6.2)
     assert used[:F] == [2] * (F - d.PROBES) + [1] * d.PROBES and used[F:] == [1] * 20 and d.current == 1
 
 
