@@ -314,42 +314,48 @@ def _lanes_portable(builder, w8, a8, signed):
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _lanes_vnni(builder, w8, a8, signed):
-    n = w8.type.count
-    i8xn, i32xl = ir.VectorType(_I8, n), ir.VectorType(_I32, n // 4)
-    if signed:  # ggml's trick: |w| (as u8; |-128| = 128) times a carrying w's sign
-        neg = builder.icmp_signed("<", w8, ir.Constant(i8xn, [0] * n))
-        w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
+def _vpdpbusd(builder, acc, u8, a8):
+    """acc + the lanes of unsigned u8 x signed a8 (<n x i8>, n = 32 or 64; acc <n/4 x i32>):
+    vpdpbusd.256 / .512, a wrapping int32 add of the exact 4-product sums."""
+    n = u8.type.count
+    i32xl = ir.VectorType(_I32, n // 4)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32xl, [i32xl] * 3),
                                         f"llvm.x86.avx512.vpdpbusd.{8 * n}")
-    return builder.call(fn, [ir.Constant(i32xl, [0] * (n // 4)), builder.bitcast(w8, i32xl), builder.bitcast(a8, i32xl)])
+    return builder.call(fn, [acc, builder.bitcast(u8, i32xl), builder.bitcast(a8, i32xl)])
 
 
-def _lanes_vnni512(builder, w8, a8, signed):
-    i8x64, i32x16 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16)
-    if signed:
-        neg = builder.icmp_signed("<", w8, ir.Constant(i8x64, [0] * 64))
-        w8, a8 = builder.select(neg, builder.neg(w8), w8), builder.select(neg, builder.neg(a8), a8)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x16, [i32x16] * 3),
-                                        "llvm.x86.avx512.vpdpbusd.512")
-    return builder.call(fn, [ir.Constant(i32x16, [0] * 16), builder.bitcast(w8, i32x16), builder.bitcast(a8, i32x16)])
+def _has_vnni(n):
+    """vpdpbusd on n-byte vectors: 32 needs AVX512-VNNI + VL, 64 AVX512-VNNI + BW."""
+    return HAS_VNNI256 if n == 32 else HAS_VNNI512
 
 
-def _lanes_portable64(builder, w8, a8, signed):
-    i32x64 = ir.VectorType(_I32, 64)
-    wv = builder.sext(w8, i32x64) if signed else builder.zext(w8, i32x64)
-    prod = builder.mul(wv, builder.sext(a8, i32x64))
-    undef = ir.Constant(i32x64, ir.Undefined)
-    parts = [builder.shuffle_vector(prod, undef, ir.Constant(ir.VectorType(_I32, 16), list(range(k, 64, 4))))
-             for k in range(4)]
-    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+def ir_lanes(builder, u8, a8):
+    """<n/4 x i32> lanes l = sum_{k<4} u[4l+k] * a[4l+k] of <n x i8> unsigned weights u (0..255)
+    and signed activations a, n = 32 (one ymm: vpdpbusd.256) or 64 (two 32-value chunks in one
+    zmm: vpdpbusd.512): exact (ggml's maddubs + madd). Signed weights: ir_lanes_offset."""
+    n = u8.type.count
+    if not _has_vnni(n):
+        return _lanes_portable(builder, u8, a8, False)
+    return _vpdpbusd(builder, ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4)), u8, a8)
 
 
-def ir_lanes(builder, w8, a8, signed):
-    """<n/4 x i32> lanes l = sum_{k<4} w[4l+k] * a[4l+k] of <n x i8> weights w (signed, or unsigned
-    0..255 when not ``signed``) and signed activations a, n = 32 (one ymm: vpdpbusd.256) or 64
-    (two 32-value chunks in one zmm: vpdpbusd.512): exact (ggml's maddubs + madd)."""
-    return (_lanes_vnni if HAS_VNNI256 else _lanes_portable)(builder, w8, a8, signed)
+def ir_lanes_offset(builder, u8, a8, offset):
+    """The lanes of ir_lanes for the signed weights w = u - offset, from their unsigned codes u
+    (<n x i8>, values 0..255; offset 0..128, a Python int) and signed activations a8, exact.
+
+    sum_k (u_k - offset) * a_k = sum_k u_k * a_k - offset * sum_k a_k per lane, every term an exact
+    int32 (|offset * sum| <= 2^16): with vpdpbusd, one multiply of u (unsigned as it is) started
+    from -offset * sum(a) -- the same int32 lanes as ggml's sign trick, without its per-weight
+    abs / sign / mask work. The -offset * sum(a) part reads only the activations: LLVM computes it
+    once for the weights (rows) that share them. Portable IR multiplies w itself."""
+    n = u8.type.count
+    if offset == 0:
+        return ir_lanes(builder, u8, a8)
+    if not _has_vnni(n):
+        return _lanes_portable(builder, ir_add_const(builder, u8, -offset), a8, True)
+    zero = ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4))
+    bias = _vpdpbusd(builder, zero, ir.Constant(ir.VectorType(_I8, n), [offset & 0xFF] * n), a8)
+    return _vpdpbusd(builder, builder.sub(zero, bias), u8, a8)
 
 
 def ir_fma8(builder, acc_ptr, d, lanes, splat_first=False):
@@ -385,10 +391,10 @@ def _flat(*tys):
                for t in tys)
 
 
-def make_block_lanes_fma(decode, signed):
+def make_block_lanes_fma(decode, offset):
     """Build the block intrinsic for a weight decoder (see the comment above). ``decode(builder,
-    wblock_ptr)`` returns the block's 32 weight values as <32 x i8>, signed or (values 0..255)
-    unsigned as ``signed`` says."""
+    wblock_ptr)`` returns the block's 32 weights as <32 x i8> unsigned codes u (0..255), the
+    weights being u - offset (ir_lanes_offset)."""
 
     @intrinsic
     def block_lanes_fma(typingctx, acc_ptr, d, w_row, w_off, a_row, a_off):
@@ -400,7 +406,7 @@ def make_block_lanes_fma(decode, signed):
             adata = _data(context, builder, signature.args[4], a)
             w8 = decode(builder, builder.gep(wdata, [wo]))
             a8 = ir_int8x32(builder, builder.gep(adata, [ao]))
-            ir_fma8(builder, accp, dval, ir_lanes(builder, w8, a8, signed))
+            ir_fma8(builder, accp, dval, ir_lanes_offset(builder, w8, a8, offset))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -489,7 +495,7 @@ def prefetch(typingctx, arr, off):
     return sig, codegen
 
 
-def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True):
+def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
@@ -500,8 +506,8 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, block_by
       a_off + a_d_off + 2 (the even lanes of sums hold junk: read only the odd ones).
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
     buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
-    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8>; block_bytes:
-    the format's block size. ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
+    ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8> of unsigned
+    codes u, the weights being u - offset (ir_lanes_offset); block_bytes: the format's block size. ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
     re-reads each block for many rows)."""
     v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
     i16, i32 = ir.IntType(16), _I32
@@ -549,7 +555,7 @@ def make_block4_dot(decode2, signed, d_off, with_min, a_d_off, a_q_off, block_by
             fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
             for pair, accp in ((0, p01), (1, p23)):
                 w8 = decode2(builder, wp[2 * pair], wp[2 * pair + 1])
-                lanes = (_lanes_vnni512 if HAS_VNNI512 else _lanes_portable64)(builder, w8, a64, signed)
+                lanes = ir_lanes_offset(builder, w8, a64, offset)
                 i0, i1 = pick[2 * pair], pick[2 * pair + 1]
                 dv = builder.shuffle_vector(dprod, dprod, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
                 vptr = builder.bitcast(accp, v16f.as_pointer())
@@ -629,8 +635,7 @@ def ir_lookup64(builder, idx, table):
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
 
 
-# kvalues_iq4nl as bytes: two's complement (signed lookups) and + 128 (unsigned, for K-quant dots)
-IQ4NL_TABLE_S8 = [int(v) & 0xFF for v in KVALUES_IQ4NL]
+# kvalues_iq4nl + 128 as bytes: the unsigned codes of the IQ4 weights (offset 128, ir_lanes_offset)
 IQ4NL_TABLE_U8 = [int(v) + 128 for v in KVALUES_IQ4NL]
 
 
@@ -685,7 +690,7 @@ def dot32_scaled_add(context, builder, sig, args):
     p_v, qb_v, qo_v, ya_v, yo_v, slo_v, shi_v = args
     q8 = ir_int8x32(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]))
     y8 = ir_int8x32(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]))
-    lanes = ir_lanes(builder, q8, y8, signed=False)
+    lanes = ir_lanes(builder, q8, y8)
     scale = builder.shuffle_vector(_splat(builder, slo_v, 8), _splat(builder, shi_v, 8),
                                    ir.Constant(_V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
     p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
@@ -707,7 +712,7 @@ def dot64_scaled_add(context, builder, sig, args):
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
     q8 = _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64)
     y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
-    lanes = ir_lanes(builder, q8, y8, signed=False)
+    lanes = ir_lanes(builder, q8, y8)
     sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
     scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
     p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
@@ -724,8 +729,8 @@ def dot64_diff_scaled_add(context, builder, sig, args):
     p_t, qb_t, _, qh_t, _, ya_t, _, sv_t, _ = sig.args
     p_v, qb_v, qo_v, qh_v, ho_v, ya_v, yo_v, sv_v, so_v = args
     y8 = _vload(builder, builder.gep(_data(context, builder, ya_t, ya_v), [yo_v]), 64)
-    l1 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64), y8, False)
-    l2 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v]), 64), y8, False)
+    l1 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qb_t, qb_v), [qo_v]), 64), y8)
+    l2 = ir_lanes(builder, _vload(builder, builder.gep(_data(context, builder, qh_t, qh_v), [ho_v]), 64), y8)
     sv_ptr = builder.gep(_data(context, builder, sv_t, sv_v, _I32), [so_v])
     scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
     p_ptr = builder.bitcast(_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
@@ -999,10 +1004,8 @@ def _lanes64_acc(builder, w8, a8, acc):
     """acc + the 16 int32 lanes of unsigned w8 x signed a8 (<64 x i8>; vpdpbusd.512 with acc as its
     accumulator, else portable IR): wrapping int32, the same bits either way."""
     if HAS_VNNI512:
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
-                                            "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(fn, [acc, builder.bitcast(w8, _V16I), builder.bitcast(a8, _V16I)])
-    return builder.add(acc, _lanes_portable64(builder, w8, a8, False))
+        return _vpdpbusd(builder, acc, w8, a8)
+    return builder.add(acc, _lanes_portable(builder, w8, a8, False))
 
 
 def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,

@@ -45,7 +45,7 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit
 
-from .common import (IQ4NL_TABLE_S8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_hsum,  # noqa: F401
+from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_hsum,  # noqa: F401
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
@@ -94,8 +94,11 @@ def _gep(builder, ptr, k):
     return builder.gep(ptr, [ir.Constant(ir.IntType(64), k)])
 
 
+# The decoders give each weight's unsigned code u (0..255): the weight is u - offset, offset
+# per format in _BLOCK_FORMATS (ggml's signed values, e.g. q - 8, are not formed: see
+# common.ir_lanes_offset).
 def _decode_q4_0(b, p):
-    return ir_add_const(b, ir_nibbles32(b, _gep(b, p, 2)), -8)
+    return ir_nibbles32(b, _gep(b, p, 2))
 
 
 def _decode_q4_1(b, p):
@@ -103,7 +106,7 @@ def _decode_q4_1(b, p):
 
 
 def _decode_q5_0(b, p):
-    return ir_add_const(b, b.or_(ir_nibbles32(b, _gep(b, p, 6)), ir_high_bits32(b, _gep(b, p, 2))), -16)
+    return b.or_(ir_nibbles32(b, _gep(b, p, 6)), ir_high_bits32(b, _gep(b, p, 2)))
 
 
 def _decode_q5_1(b, p):
@@ -111,11 +114,11 @@ def _decode_q5_1(b, p):
 
 
 def _decode_q8_0(b, p):
-    return ir_int8x32(b, _gep(b, p, 2))
+    return ir_add_const(b, ir_int8x32(b, _gep(b, p, 2)), 128)
 
 
 def _decode_iq4_nl(b, p):
-    return ir_lookup_nibbles32(b, _gep(b, p, 2), IQ4NL_TABLE_S8)
+    return ir_lookup_nibbles32(b, _gep(b, p, 2), IQ4NL_TABLE_U8)
 
 
 def _concat64(b, v0, v1):
@@ -123,7 +126,7 @@ def _concat64(b, v0, v1):
 
 
 def _decode2_q4_0(b, p0, p1):
-    return ir_add_const(b, ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2)), -8)
+    return ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2))
 
 
 def _decode2_q4_1(b, p0, p1):
@@ -132,7 +135,7 @@ def _decode2_q4_1(b, p0, p1):
 
 def _decode2_q5_0(b, p0, p1):
     hb = ir_high_bits64(b, _gep(b, p0, 2), _gep(b, p1, 2))
-    return ir_add_const(b, b.or_(ir_nibbles64(b, _gep(b, p0, 6), _gep(b, p1, 6)), hb), -16)
+    return b.or_(ir_nibbles64(b, _gep(b, p0, 6), _gep(b, p1, 6)), hb)
 
 
 def _decode2_q5_1(b, p0, p1):
@@ -141,33 +144,39 @@ def _decode2_q5_1(b, p0, p1):
 
 
 def _decode2_q8_0(b, p0, p1):
-    return _concat64(b, ir_int8x32(b, _gep(b, p0, 2)), ir_int8x32(b, _gep(b, p1, 2)))
+    return ir_add_const(b, _concat64(b, ir_int8x32(b, _gep(b, p0, 2)), ir_int8x32(b, _gep(b, p1, 2))), 128)
 
 
 def _decode2_iq4_nl(b, p0, p1):
-    return ir_lookup64(b, ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2)), IQ4NL_TABLE_S8)
+    return ir_lookup64(b, ir_nibbles64(b, _gep(b, p0, 2), _gep(b, p1, 2)), IQ4NL_TABLE_U8)
 
 
 # The 32-value block formats, one line each: (stem, its activation format's stem, block bytes,
-# activation block bytes, offset of the 32 int8 activations in their block, signed weights,
-# a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
+# activation block bytes, offset of the 32 int8 activations in their block, the weights' offset
+# (weight = code - offset), a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
 _BLOCK_FORMATS = (
-    ("q4_0", "q8_0", 18, 34, 2, True, False, "(q - 8), q the 4-bit values"),
-    ("q4_1", "q8_1", 20, 36, 4, False, True, "4-bit unsigned q, y = q*d + m"),
-    ("q5_0", "q8_0", 22, 34, 2, True, False, "(q | hbit << 4) - 16"),
-    ("q5_1", "q8_1", 24, 36, 4, False, True, "5-bit unsigned q | hbit << 4, y = q*d + m"),
-    ("q8_0", "q8_0", 34, 34, 2, True, False, "int8 q"),
-    ("iq4_nl", "q8_0", 18, 34, 2, True, False, "kvalues_iq4nl[q], q the 4-bit indices"),
+    ("q4_0", "q8_0", 18, 34, 2, 8, False, "(q - 8), q the 4-bit values"),
+    ("q4_1", "q8_1", 20, 36, 4, 0, True, "4-bit unsigned q, y = q*d + m"),
+    ("q5_0", "q8_0", 22, 34, 2, 16, False, "(q | hbit << 4) - 16"),
+    ("q5_1", "q8_1", 24, 36, 4, 0, True, "5-bit unsigned q | hbit << 4, y = q*d + m"),
+    ("q8_0", "q8_0", 34, 34, 2, 128, False, "int8 q"),
+    ("iq4_nl", "q8_0", 18, 34, 2, 128, False, "kvalues_iq4nl[q], q the 4-bit indices"),
 )
+
+
+def _signed(decode, offset):
+    """decode's weights themselves (<32 x i8>, u - offset), for the dequantizer."""
+    return lambda b, p: ir_add_const(b, decode(b, p), -offset) if offset else decode(b, p)
+
 
 # Per-block intrinsics (common.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
 # dequantization of one block.
-for _stem, _, _bb, _, _ao, _signed, _with_min, _ in _BLOCK_FORMATS:
-    globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], signed=_signed)
-    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao, _bb)
-    globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _signed, 0, _with_min, 0, _ao, _bb,
+for _stem, _, _bb, _, _ao, _off, _with_min, _ in _BLOCK_FORMATS:
+    globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], _off)
+    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb)
+    globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb,
                                                    prefetch=False)
-    globals()[f"_deqblk_{_stem}"] = make_block_dequant(globals()[f"_decode_{_stem}"], with_min=_with_min)
+    globals()[f"_deqblk_{_stem}"] = make_block_dequant(_signed(globals()[f"_decode_{_stem}"], _off), with_min=_with_min)
 
 
 # ----------------------------------------------------------------------------------------------
