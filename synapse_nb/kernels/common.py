@@ -446,7 +446,7 @@ def ir_high_bits64(builder, p0, p1):
 
 
 # How far ahead of the bytes being read the four-row kernels (make_block4_dot, make_superblock4_dot,
-# vec_dot4_bf16) prefetch the weights: PREFETCH_GROUPS 4-row groups, and at least PREFETCH_MIN_BYTES.
+# float4_fma, bf16x4_dot) prefetch the weights: PREFETCH_GROUPS 4-row groups, and at least PREFETCH_MIN_BYTES.
 # Measured cold from memory, 1 thread (best of 15): SmolLM2's Q4_1 gate (360-byte rows, 2 groups =
 # 2.9 KiB) 33-35 -> 25-26 us at 8 KiB, its Q8_0 head 1175-1210 -> 1028-1053 us (with Q8_0's third
 # line a step), Qwen2.5's Q8_0 head 5016-5075 -> 4510-4614 us; 16 and 32 KiB were slower again, and
@@ -482,19 +482,6 @@ def ir_prefetch(builder, p):
     builder.call(fn, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
 
 
-@intrinsic
-def prefetch(typingctx, arr, off):
-    """Prefetch (ir_prefetch) the cache line at byte off of arr's data (an array, flat offset)."""
-    sig = types.void(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        a, o = args
-        ir_prefetch(builder, builder.gep(_data(context, builder, signature.args[0], a), [o]))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
@@ -507,7 +494,8 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
     buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
     ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8> of unsigned
-    codes u, the weights being u - offset (ir_lanes_offset); block_bytes: the format's block size. ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
+    codes u, the weights being u - offset (ir_lanes_offset); block_bytes: the format's block size.
+    ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
     re-reads each block for many rows)."""
     v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
     i16, i32 = ir.IntType(16), _I32
@@ -566,6 +554,92 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
         return sig, codegen
 
     return block4_dot
+
+
+def _rows4_step(context, builder, sig, args, size):
+    """The four weight rows' pointers (i8*) at a 64-element step of a four-row float kernel
+    (args: acc, w0, w1, w2, w3, i, x; values of ``size`` bytes), their prefetch emitted, and the
+    step's byte offset."""
+    off = builder.mul(args[5], args[5].type(size))
+    wp = [builder.gep(_data(context, builder, sig.args[1 + r], args[1 + r]), [off]) for r in range(4)]
+    ir_prefetch_rows_ahead(builder, wp, off, 64 * size)
+    return wp, off
+
+
+def _load_vec(builder, p_i8, elt, n, align):
+    return builder.load(builder.bitcast(p_i8, ir.VectorType(elt, n).as_pointer()), align=align)
+
+
+def _acc_ptr(context, builder, aty, aval, k, n):
+    """Pointer to the n float32 at acc[k] as <n x float>*."""
+    base = _data(context, builder, aty, aval, _F32)
+    return builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), k)]), ir.VectorType(_F32, n).as_pointer())
+
+
+@intrinsic
+def float4_fma(typingctx, acc, w0, w1, w2, w3, i, x):
+    """float4_fma(acc, w0, w1, w2, w3, i, x): one 64-element step of the four-row F32 or F16 dot:
+        acc[64 r + t] = fma(w_r[i + t], x[i + t], acc[64 r + t]),  r < 4, t < 64
+    in <64 x float> operations (each four zmm): the lanes of ggml_vec_dot_f32 / _f16's AVX-512
+    loop (GGML_F32_STEP 64) for four weight rows at once, x loaded (and converted) once for them.
+    x: the activation row, float32 (F32) or uint16 (F16 bits, converted exactly); w_r: the rows
+    (uint8, adjacent in memory) of values of x's type; acc: float32 [256]; i: the element offset
+    of the step. The rows are prefetched ahead (ir_prefetch_rows_ahead), as the block formats'
+    four-row kernels do."""
+    if not (isinstance(x, types.Array) and x.dtype in (types.float32, types.uint16) and _flat(acc, w0, w1, w2, w3)):
+        return None
+    half = x.dtype == types.uint16
+    elt, size = (ir.IntType(16), 2) if half else (_F32, 4)
+    v64f = ir.VectorType(_F32, 64)
+    sig = types.void(acc, w0, w1, w2, w3, types.intp, x)
+
+    def codegen(context, builder, signature, args):
+        wp, off = _rows4_step(context, builder, signature, args, size)
+
+        def load(p_i8):
+            v = _load_vec(builder, p_i8, elt, 64, size)
+            return ir_f16_vec_to_f32(builder, v) if half else v
+
+        xf = load(builder.gep(_data(context, builder, signature.args[6], args[6]), [off]))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v64f, [v64f] * 3), "llvm.fma.v64f32")
+        for r in range(4):
+            ap = _acc_ptr(context, builder, signature.args[0], args[0], 64 * r, 64)
+            builder.store(builder.call(fma, [load(wp[r]), xf, builder.load(ap, align=4)]), ap, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def bf16x4_dot(typingctx, acc, w0, w1, w2, w3, i, x):
+    """bf16x4_dot(acc, w0, w1, w2, w3, i, x): one 64-element step of the four-row BF16 dot:
+        acc[32 r + t] = (acc[32 r + t] + w_r[i+2t+1] * x[i+2t+1]) + w_r[i+2t] * x[i+2t],  t < 32
+    (vec_dot_bf16's lanes: each product rounded to float32, then added; BF16 values widened
+    exactly) in <32 x float> operations, for four weight rows at once, x converted once for them.
+    x: uint16 BF16 bits; w_r: uint8 rows of BF16 values (adjacent in memory); acc: float32 [128];
+    i: the element offset of the step. The rows are prefetched ahead, as float4_fma's."""
+    if not (isinstance(x, types.Array) and x.dtype == types.uint16 and _flat(acc, w0, w1, w2, w3)):
+        return None
+    sig = types.void(acc, w0, w1, w2, w3, types.intp, x)
+    v32i = ir.VectorType(_I32, 32)
+
+    def codegen(context, builder, signature, args):
+        wp, off = _rows4_step(context, builder, signature, args, 2)
+
+        def load(p_i8):  # (odd, even) elements as float32: the high and the low half of each pair
+            v = _load_vec(builder, p_i8, _I32, 32, 2)
+            return (builder.bitcast(builder.and_(v, ir.Constant(v32i, [-65536] * 32)), ir.VectorType(_F32, 32)),
+                    builder.bitcast(builder.shl(v, ir.Constant(v32i, [16] * 32)), ir.VectorType(_F32, 32)))
+
+        xo, xe = load(builder.gep(_data(context, builder, signature.args[6], args[6]), [off]))
+        for r in range(4):
+            wo, we = load(wp[r])
+            ap = _acc_ptr(context, builder, signature.args[0], args[0], 32 * r, 32)
+            a = builder.fadd(builder.load(ap, align=4), builder.fmul(wo, xo))
+            builder.store(builder.fadd(a, builder.fmul(we, xe)), ap, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 def make_block_dequant(decode, with_min):

@@ -49,7 +49,7 @@ from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
-                     make_block_lanes_fma, PREFETCH_GROUPS, PREFETCH_MIN_BYTES, prefetch, ptr_offset,
+                     bf16x4_dot, make_block_lanes_fma, float4_fma, ptr_offset,
                      reduce_add_16, stack_f32, store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
@@ -449,10 +449,19 @@ def _summs(m, s, acc):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _reduce64(acc):
+    """ggml_vec_dot_f32 / _f16's AVX-512 reduction of its four 16-lane accumulators acc[0:64]
+    (float32): (acc0+acc2)+(acc1+acc3) lane-wise (in place), then _mm512_reduce_add_ps."""
+    for t in range(16):
+        acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
+    return reduce_add_16(acc)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _fma64_reduced(w, x):
     """ggml_vec_dot_f32 / _f16's AVX-512 loop (GGML_F32_STEP 64, EPR 16, ARR 4) over w, x (float32,
-    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, reduced (acc0+acc2)+(acc1+acc3)
-    lane-wise then _mm512_reduce_add_ps. Returns (that float32 sum, npart = elements done)."""
+    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, then _reduce64.
+    Returns (that float32 sum, npart = elements done)."""
     n = w.size
     acc = carray(stack_f32(64), 64)
     for t in range(64):
@@ -461,9 +470,7 @@ def _fma64_reduced(w, x):
     for i in range(0, npart, 64):
         for t in range(64):
             acc[t] = fma32(as_f32(w[i + t]), as_f32(x[i + t]), acc[t])
-    for t in range(16):
-        acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
-    return reduce_add_16(acc), npart
+    return _reduce64(acc), npart
 
 
 @njit(cache=True, error_model="numpy")
@@ -497,6 +504,50 @@ def vec_dot_f16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _float4_acc(w, m, x):
+    """The four rows w[m..m+3]' 64-lane accumulators after vec_dot_f32's (x float32) or _f16's
+    (x F16 bits) vector loop, as a float32 [256] (row r at 64 r), and npart."""
+    acc = carray(stack_f32(256), 256)
+    for t in range(256):
+        acc[t] = np.float32(0.0)
+    npart = x.size - x.size % 64
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
+    for i in range(0, npart, 64):
+        float4_fma(acc, w0, w1, w2, w3, i, x)
+    return acc, npart
+
+
+@njit(cache=True, error_model="numpy")
+def vec_dot4_f32(y, m, w, a_row):
+    """y[m + r] = vec_dot_f32(w[m + r], a_row) for r < 4, bit for bit: the same lanes, fmas,
+    reduction and leftovers per row; the vector loop in explicit <64 x float> operations (one
+    row's loop was compiled with its accumulators in memory), the activation shared, the rows
+    prefetched ahead."""
+    x = a_row.view(np.float32)
+    acc, npart = _float4_acc(w, m, x)
+    for r in range(4):
+        wr = w[m + r].view(np.float32)
+        sumf = _reduce64(acc[64 * r:64 * r + 64])
+        for i in range(npart, x.size):
+            sumf = fma32(wr[i], x[i], sumf)
+        y[m + r] = sumf
+
+
+@njit(cache=True, error_model="numpy")
+def vec_dot4_f16(y, m, w, a_row):
+    """y[m + r] = vec_dot_f16(w[m + r], a_row) for r < 4, bit for bit (as vec_dot4_f32: the F16
+    values converted exactly in the vector loop; the sum and leftovers in double)."""
+    xh = a_row.view(np.uint16)
+    acc, npart = _float4_acc(w, m, xh)
+    for r in range(4):
+        wr = w[m + r].view(np.uint16)
+        sumd = np.float64(_reduce64(acc[64 * r:64 * r + 64]))
+        for i in range(npart, xh.size):
+            sumd += np.float64(f16_to_f32(wr[i]) * f16_to_f32(xh[i]))
+        y[m + r] = np.float32(sumd)
+
+
 @njit(cache=True, error_model="numpy")
 def vec_dot_bf16(w_row, a_row, scratch):
     """BF16 weight row . BF16 activation row -> float32.
@@ -526,27 +577,17 @@ def vec_dot_bf16(w_row, a_row, scratch):
 @njit(cache=True, error_model="numpy")
 def vec_dot4_bf16(y, m, w, a_row):
     """y[m + r] = vec_dot_bf16(w[m + r], a_row) for r < 4, bit for bit: each row's 32 lanes take
-    vec_dot_bf16's products and adds in its order; the activation's conversions are shared and
-    the four rows' accumulator chains overlap (one row is bound by its add latency)."""
+    vec_dot_bf16's products and adds in its order (common.bf16x4_dot, explicit vectors); the
+    activation's conversions are shared, the four rows' chains overlap and are prefetched ahead."""
     xh = a_row.view(np.uint16)
-    w0, w1, w2, w3 = w[m].view(np.uint16), w[m + 1].view(np.uint16), w[m + 2].view(np.uint16), w[m + 3].view(np.uint16)
+    w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
     acc = carray(stack_f32(128), 128)  # row r's lane t at 32 r + t
     for t in range(128):
         acc[t] = np.float32(0.0)
     n = xh.size
     npart = n - n % 64
-    # ahead in the four rows (adjacent: one region) by common.ir_prefetch_rows_ahead's distance, fetched
-    # at the rate they are read (4 x 128 bytes a step), as make_block4_dot does
-    ahead = m * w.shape[1] + max(4 * PREFETCH_GROUPS * w.shape[1], PREFETCH_MIN_BYTES)
     for i in range(0, npart, 64):
-        for line in range(0, 512, 64):
-            prefetch(w, ahead + 8 * i + line)
-        for t in range(32):
-            x1, x0 = _bf16(xh[i + 2 * t + 1]), _bf16(xh[i + 2 * t])
-            acc[t] = (acc[t] + _bf16(w0[i + 2 * t + 1]) * x1) + _bf16(w0[i + 2 * t]) * x0
-            acc[32 + t] = (acc[32 + t] + _bf16(w1[i + 2 * t + 1]) * x1) + _bf16(w1[i + 2 * t]) * x0
-            acc[64 + t] = (acc[64 + t] + _bf16(w2[i + 2 * t + 1]) * x1) + _bf16(w2[i + 2 * t]) * x0
-            acc[96 + t] = (acc[96 + t] + _bf16(w3[i + 2 * t + 1]) * x1) + _bf16(w3[i + 2 * t]) * x0
+        bf16x4_dot(acc, w0, w1, w2, w3, i, xh)
     for r in range(4):
         wr = w[m + r].view(np.uint16)
         sumd = np.float64(reduce_add_16(acc[32 * r:32 * r + 16]))
