@@ -601,3 +601,28 @@ def vec_dot4_bf16(y, m, w, a_row):
 def _bf16(h):
     return u32_as_f32(np.uint32(h) << np.uint32(16))
 
+
+
+# Prefill (N > 1) of the float formats: rows_dot_T (one weight row, all activation rows) and
+# rows_dot4_T (four), each output vec_dot_T's operations in its order. rows_dot4 runs vec_dot4
+# (accumulators in registers, the activation row converted once for four weight rows) for every
+# activation row while the four weight rows stay in cache; the matmul drivers call it for whole
+# groups of four rows and rows_dot for the rest (matmul._row_groups).
+_FLOAT_ROWS_DOT = '''
+@njit(cache=True, error_model="numpy")
+def rows_dot_{t}_{t}(y, m, w_row, a):
+    """y[n, m] = vec_dot_{t}(w_row, a[n]) for every row n of a."""
+    no_scratch = np.empty(0, np.int32)  # (the float dots use none)
+    for n in range(a.shape[0]):
+        y[n, m] = vec_dot_{t}(w_row, a[n], no_scratch)
+
+
+@njit(cache=True, error_model="numpy")
+def rows_dot4_{t}_{t}(y, m, w, a):
+    """y[n, m + r] = vec_dot_{t}(w[m + r], a[n]) for r < 4 and every row n of a, bit for bit
+    (vec_dot4_{t} per activation row)."""
+    for n in range(a.shape[0]):
+        vec_dot4_{t}(y[n], m, w, a[n])
+'''
+for _t in ("f32", "f16", "bf16"):
+    exec(compile(_FLOAT_ROWS_DOT.format(t=_t), __file__, "exec"), globals())
