@@ -15,7 +15,7 @@ import pytest
 from numba import njit
 
 from synapse_nb.kernels import attention as A
-from synapse_nb.kernels.common import reduce_add_16
+from synapse_nb.formats import reduce_add_16
 from synapse_nb.kernels.ops import v_expf, v_expf_normal
 from synapse_nb.model import load_model
 from synapse_nb.session import KVCache

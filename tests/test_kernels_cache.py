@@ -63,7 +63,8 @@ def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
 
 
-# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, which inlines common.reduce_add_16.
+# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, whose reduction is common.reduce64's IR
+# (common.ir_reduce_add_16).
 _F32_DOT = r"""
 import importlib, json
 import numpy as np
@@ -96,9 +97,9 @@ def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
     assert first["y"] == 64.0 and first["misses"] > 0
     common = tmp_path / "synapse_nb" / "kernels" / "common.py"
     src = common.read_text()
-    old = "    return (u0 + u2) + (u1 + u3)\n"
-    assert src.count(old) == 1  # the last line of reduce_add_16
-    common.write_text(src.replace(old, "    return (u0 + u2) + (u1 + u3) + np.float32(1.0)\n"))
+    old = "    a = builder.fadd(sh(u, [0, 1]), sh(u, [2, 3]))\n"
+    assert src.count(old) == 1  # in ir_reduce_add_16: (u0 + u2, u1 + u3), then their sum is returned
+    common.write_text(src.replace(old, old + "    a = builder.fadd(a, ir.Constant(a.type, [0.5, 0.5]))\n"))
     second = run()
     assert second["y"] == 65.0 and second["misses"] > 0  # the new helper, not the cached driver
     third = run()

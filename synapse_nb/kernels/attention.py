@@ -50,7 +50,8 @@ from numba import get_thread_id, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .common import HAS_F16C, _ir_f16_to_f32, f16_to_f32, f32_bits, f32_to_f16_bits, fma32, ir_prefetch
+from .common import (HAS_F16C, _ir_f16_to_f32, f16_to_f32, f32_bits, f32_to_f16_bits, fma32, ir_prefetch,
+                     ir_reduce_add_16)
 from .ops import _C1, _C2, _C3, _C4, _C5, _LN2_HI, _LN2_LO, _LOG2E
 
 _F32 = np.float32
@@ -455,16 +456,6 @@ def _ir_v_expf_rare(builder, n, j):
     return builder.select(big, edge, builder.select(isnan, n, scaled))
 
 
-def _ir_reduce_add_16(builder, v):
-    """_mm512_reduce_add_ps (common.reduce_add_16's order) of a <16 x float>, as a float."""
-    def sh(v, idx):
-        return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(idx)), idx))
-    t = builder.fadd(sh(v, list(range(8, 16))), sh(v, list(range(8))))
-    u = builder.fadd(sh(t, [4, 5, 6, 7]), sh(t, [0, 1, 2, 3]))
-    a = builder.fadd(sh(u, [0, 1]), sh(u, [2, 3]))
-    return builder.fadd(builder.extract_element(a, ir.Constant(_I32, 0)), builder.extract_element(a, ir.Constant(_I32, 1)))
-
-
 def _ir_f32_to_f16(builder, f):
     """<16 x float> -> <16 x i16> F16 bits, round to nearest even (vcvtps2ph with F16C, else
     common.f32_to_f16_bits per lane)."""
@@ -551,7 +542,7 @@ def sm_exp(typingctx, sc, so, n, scale, mx):
             e.add_incoming(rare, bb1)
             e = builder.select(valid, e, _vconst(0.0))
             _vstore(builder, e, sp, off)
-            chunk = builder.fpext(_ir_reduce_add_16(builder, e), ir.DoubleType())
+            chunk = builder.fpext(ir_reduce_add_16(builder, e), ir.DoubleType())
             builder.store(builder.fadd(builder.load(tslot), chunk), tslot)
         return builder.load(tslot)
 

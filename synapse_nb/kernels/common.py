@@ -193,23 +193,15 @@ def hsum_float_8(a):
     return (r0 + r2) + (r1 + r3)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def reduce_add_16(v):
-    """_mm512_reduce_add_ps of 16 float32 lanes v[0:16] (GCC's order):
-    halves (v[i] + v[i+8]), then (t[i] + t[i+4]), then (u[0]+u[2]) + (u[1]+u[3])."""
-    t0 = v[8] + v[0]
-    t1 = v[9] + v[1]
-    t2 = v[10] + v[2]
-    t3 = v[11] + v[3]
-    t4 = v[12] + v[4]
-    t5 = v[13] + v[5]
-    t6 = v[14] + v[6]
-    t7 = v[15] + v[7]
-    u0 = t4 + t0
-    u1 = t5 + t1
-    u2 = t6 + t2
-    u3 = t7 + t3
-    return (u0 + u2) + (u1 + u3)
+def ir_reduce_add_16(builder, v):
+    """_mm512_reduce_add_ps of a <16 x float> v, as a float, in GCC's order: halves t[i] = v[i] +
+    v[i+8], then u[i] = t[i] + t[i+4], then (u0 + u2) + (u1 + u3) (formats.reduce_add_16)."""
+    def sh(v, idx):
+        return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+    t = builder.fadd(sh(v, list(range(8, 16))), sh(v, list(range(8))))
+    u = builder.fadd(sh(t, [4, 5, 6, 7]), sh(t, [0, 1, 2, 3]))
+    a = builder.fadd(sh(u, [0, 1]), sh(u, [2, 3]))
+    return builder.fadd(builder.extract_element(a, ir.Constant(_I32, 0)), builder.extract_element(a, ir.Constant(_I32, 1)))
 
 
 @intrinsic
@@ -571,9 +563,39 @@ def _load_vec(builder, p_i8, elt, n, align):
 
 
 def _acc_ptr(context, builder, aty, aval, k, n):
-    """Pointer to the n float32 at acc[k] as <n x float>*."""
+    """Pointer to the n float32 at acc[k] (k: a Python int or an i64 value) as <n x float>*."""
     base = _data(context, builder, aty, aval, _F32)
-    return builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), k)]), ir.VectorType(_F32, n).as_pointer())
+    off = ir.Constant(ir.IntType(64), k) if isinstance(k, int) else k
+    return builder.bitcast(builder.gep(base, [off]), ir.VectorType(_F32, n).as_pointer())
+
+
+def _make_reduce(parts):
+    """An intrinsic reduce(acc, k) -> float32 of acc[k:k + 16 * parts] (float32 array or pointer):
+    parts 1: _mm512_reduce_add_ps (ir_reduce_add_16); parts 4: ggml_vec_dot_f32 / _f16's AVX-512
+    reduction of its four 16-lane accumulators, (acc0 + acc2) + (acc1 + acc3) lane-wise, then
+    _mm512_reduce_add_ps. In vector operations."""
+
+    def reduce(typingctx, acc, k):
+        if not (isinstance(k, types.Integer) and _flat(acc)):
+            return None
+        sig = types.float32(acc, k)
+
+        def codegen(context, builder, signature, args):
+            k = context.cast(builder, args[1], signature.args[1], types.int64)
+            v = [builder.load(_acc_ptr(context, builder, signature.args[0], args[0], builder.add(k, k.type(16 * q)), 16),
+                              align=4) for q in range(parts)]
+            if parts == 4:
+                v = [builder.fadd(builder.fadd(v[0], v[2]), builder.fadd(v[1], v[3]))]
+            return ir_reduce_add_16(builder, v[0])
+
+        return sig, codegen
+
+    reduce.__name__ = reduce.__qualname__ = f"reduce{16 * parts}"
+    return intrinsic(reduce)
+
+
+reduce16 = _make_reduce(1)
+reduce64 = _make_reduce(4)
 
 
 @intrinsic

@@ -49,8 +49,8 @@ from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
                      acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
                      f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
                      ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
-                     bf16x4_dot, make_block_lanes_fma, float4_fma, ptr_offset,
-                     reduce_add_16, stack_f32, store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
+                     bf16x4_dot, make_block_lanes_fma, float4_fma, ptr_offset, reduce16, reduce64,
+                     stack_f32, store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,18 +449,9 @@ def _summs(m, s, acc):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _reduce64(acc):
-    """ggml_vec_dot_f32 / _f16's AVX-512 reduction of its four 16-lane accumulators acc[0:64]
-    (float32): (acc0+acc2)+(acc1+acc3) lane-wise (in place), then _mm512_reduce_add_ps."""
-    for t in range(16):
-        acc[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
-    return reduce_add_16(acc)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
 def _fma64_reduced(w, x):
     """ggml_vec_dot_f32 / _f16's AVX-512 loop (GGML_F32_STEP 64, EPR 16, ARR 4) over w, x (float32,
-    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, then _reduce64.
+    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, then common.reduce64.
     Returns (that float32 sum, npart = elements done)."""
     n = w.size
     acc = carray(stack_f32(64), 64)
@@ -470,7 +461,7 @@ def _fma64_reduced(w, x):
     for i in range(0, npart, 64):
         for t in range(64):
             acc[t] = fma32(as_f32(w[i + t]), as_f32(x[i + t]), acc[t])
-    return _reduce64(acc), npart
+    return reduce64(acc, 0), npart
 
 
 @njit(cache=True, error_model="numpy")
@@ -528,7 +519,7 @@ def vec_dot4_f32(y, m, w, a_row):
     acc, npart = _float4_acc(w, m, x)
     for r in range(4):
         wr = w[m + r].view(np.float32)
-        sumf = _reduce64(acc[64 * r:64 * r + 64])
+        sumf = reduce64(acc, 64 * r)
         for i in range(npart, x.size):
             sumf = fma32(wr[i], x[i], sumf)
         y[m + r] = sumf
@@ -542,7 +533,7 @@ def vec_dot4_f16(y, m, w, a_row):
     acc, npart = _float4_acc(w, m, xh)
     for r in range(4):
         wr = w[m + r].view(np.uint16)
-        sumd = np.float64(_reduce64(acc[64 * r:64 * r + 64]))
+        sumd = np.float64(reduce64(acc, 64 * r))
         for i in range(npart, xh.size):
             sumd += np.float64(f16_to_f32(wr[i]) * f16_to_f32(xh[i]))
         y[m + r] = np.float32(sumd)
@@ -567,8 +558,8 @@ def vec_dot_bf16(w_row, a_row, scratch):
         for t in range(32):
             acc[t] = acc[t] + _bf16(wh[i + 2 * t + 1]) * _bf16(xh[i + 2 * t + 1])
             acc[t] = acc[t] + _bf16(wh[i + 2 * t]) * _bf16(xh[i + 2 * t])
-    sumd = np.float64(reduce_add_16(acc[:16]))
-    sumd += np.float64(reduce_add_16(acc[16:]))
+    sumd = np.float64(reduce16(acc, 0))
+    sumd += np.float64(reduce16(acc, 16))
     for i in range(npart, wh.size):
         sumd += np.float64(_bf16(wh[i]) * _bf16(xh[i]))
     return np.float32(sumd)
@@ -590,8 +581,8 @@ def vec_dot4_bf16(y, m, w, a_row):
         bf16x4_dot(acc, w0, w1, w2, w3, i, xh)
     for r in range(4):
         wr = w[m + r].view(np.uint16)
-        sumd = np.float64(reduce_add_16(acc[32 * r:32 * r + 16]))
-        sumd += np.float64(reduce_add_16(acc[32 * r + 16:32 * r + 32]))
+        sumd = np.float64(reduce16(acc, 32 * r))
+        sumd += np.float64(reduce16(acc, 32 * r + 16))
         for i in range(npart, n):
             sumd += np.float64(_bf16(wr[i]) * _bf16(xh[i]))
         y[m + r] = np.float32(sumd)
