@@ -39,6 +39,9 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     operation twice for each activation row, sharing its loads and conversions, the weight side of
     a block computed once for all of them (Q5_0 matmul 1.12-1.17x over one 4-row operation per
     activation row, 1 thread, same-minute pairs). IQ4_NL has rows_dot4 (its even / odd sets).
+  * F32, F16, BF16: vec_dot4 in explicit vector IR (common.float4_fma / bf16x4_dot: the rows' lanes
+    in registers, the activation converted once for the four), their reductions too
+    (common.reduce64 / reduce16); rows_dot4 is vec_dot4 for one activation row after another.
 """
 
 import numpy as np

@@ -31,10 +31,11 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Caching: a driver inlines row functions from other files; kernels/_cache.py makes every cached
   kernel of the package depend on all of synapse_nb/kernels/*.py, so an edit anywhere recompiles.
-* Every quantized format (legacy.py and kquants.py) with N > 1 goes through
+* Every format of legacy.py and kquants.py with N > 1 goes through
   ``rows_dot_T(y, m, w_row, a)``: all activation rows (uint8 [N, act_row_bytes], C-contiguous)
   against one weight row, blocks outer and rows inner so a weight block (a K-quant's 256 values,
-  its scales and mins) is decoded once for up to 64 rows (common.ROWS_GROUP); per output the
+  its scales and mins) is decoded once for up to 64 rows (common.ROWS_GROUP; the float formats
+  have nothing to decode: rows_dot4 below); per output the
   operations and their order are exactly vec_dot_T's, which N == 1 uses (matmul rows == matvec
   is tested bitwise for N in 1, 2, 7, 64, 130). Any format may offer one
   (formats.BlockFormat.rows_dot_name); its driver then calls it for N > 1 instead of the
@@ -44,7 +45,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   a)`` (y[:, m + r] for r < 8 / 4, all activation rows: N > 1), again with vec_dot_T's operations
   per output; the driver takes them for whole groups of rows in a chunk, widest first, and the
   single-row functions for the rest (_row_groups). The template formats of legacy.py have
-  vec_dot4 and rows_dot8, IQ4_NL vec_dot4 and rows_dot4, the K-quants vec_dot4.
+  vec_dot4 and rows_dot8, IQ4_NL, F32, F16 and BF16 vec_dot4 and rows_dot4, the K-quants vec_dot4.
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
