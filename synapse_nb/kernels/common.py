@@ -253,9 +253,9 @@ stack_u8 = _stack_array(_I8, types.uint8, "uint8")
 # the offset of the block's 32 int8 activations in a_row. The integer part is exact.
 # ---------------------------------------------------------------------------------------------
 
-def _vload(builder, ptr_i8, n, elt=_I8):
+def _vload(builder, ptr_i8, n, elt=_I8, align=1):
     vty = ir.VectorType(elt, n)
-    return builder.load(builder.bitcast(ptr_i8, vty.as_pointer()), align=1)
+    return builder.load(builder.bitcast(ptr_i8, vty.as_pointer()), align=align)
 
 
 def _splat(builder, val, n):
@@ -558,10 +558,6 @@ def _rows4_step(context, builder, sig, args, size):
     return wp, off
 
 
-def _load_vec(builder, p_i8, elt, n, align):
-    return builder.load(builder.bitcast(p_i8, ir.VectorType(elt, n).as_pointer()), align=align)
-
-
 def _acc_ptr(context, builder, aty, aval, k, n):
     """Pointer to the n float32 at acc[k] (k: a Python int or an i64 value) as <n x float>*."""
     base = _data(context, builder, aty, aval, _F32)
@@ -619,7 +615,7 @@ def float4_fma(typingctx, acc, w0, w1, w2, w3, i, x):
         wp, off = _rows4_step(context, builder, signature, args, size)
 
         def load(p_i8):
-            v = _load_vec(builder, p_i8, elt, 64, size)
+            v = _vload(builder, p_i8, 64, elt, size)
             return ir_f16_vec_to_f32(builder, v) if half else v
 
         xf = load(builder.gep(_data(context, builder, signature.args[6], args[6]), [off]))
@@ -649,7 +645,7 @@ def bf16x4_dot(typingctx, acc, w0, w1, w2, w3, i, x):
         wp, off = _rows4_step(context, builder, signature, args, 2)
 
         def load(p_i8):  # (odd, even) elements as float32: the high and the low half of each pair
-            v = _load_vec(builder, p_i8, _I32, 32, 2)
+            v = _vload(builder, p_i8, 32, _I32, 2)
             return (builder.bitcast(builder.and_(v, ir.Constant(v32i, [-65536] * 32)), ir.VectorType(_F32, 32)),
                     builder.bitcast(builder.shl(v, ir.Constant(v32i, [16] * 32)), ir.VectorType(_F32, 32)))
 
