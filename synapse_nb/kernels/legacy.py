@@ -499,17 +499,17 @@ def vec_dot_f16(w_row, a_row, scratch):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _float4_acc(w, m, x):
-    """The four rows w[m..m+3]' 64-lane accumulators after vec_dot_f32's (x float32) or _f16's
-    (x F16 bits) vector loop, as a float32 [256] (row r at 64 r), and npart."""
-    acc = carray(stack_f32(256), 256)
+def _float4_loop(acc, w, m, x):
+    """acc (float32 [256], row r's lanes at 64 r) = the four rows w[m..m+3]' 64-lane accumulators
+    after vec_dot_f32's (x float32) or _f16's (x F16 bits) vector loop, from zero; returns npart
+    (the elements done)."""
     for t in range(256):
         acc[t] = np.float32(0.0)
     npart = x.size - x.size % 64
     w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
     for i in range(0, npart, 64):
         float4_fma(acc, w0, w1, w2, w3, i, x)
-    return acc, npart
+    return npart
 
 
 @njit(cache=True, error_model="numpy")
@@ -519,7 +519,8 @@ def vec_dot4_f32(y, m, w, a_row):
     row's loop was compiled with its accumulators in memory), the activation shared, the rows
     prefetched ahead."""
     x = a_row.view(np.float32)
-    acc, npart = _float4_acc(w, m, x)
+    acc = carray(stack_f32(256), 256)
+    npart = _float4_loop(acc, w, m, x)
     for r in range(4):
         wr = w[m + r].view(np.float32)
         sumf = reduce64(acc, 64 * r)
@@ -533,7 +534,8 @@ def vec_dot4_f16(y, m, w, a_row):
     """y[m + r] = vec_dot_f16(w[m + r], a_row) for r < 4, bit for bit (as vec_dot4_f32: the F16
     values converted exactly in the vector loop; the sum and leftovers in double)."""
     xh = a_row.view(np.uint16)
-    acc, npart = _float4_acc(w, m, xh)
+    acc = carray(stack_f32(256), 256)
+    npart = _float4_loop(acc, w, m, xh)
     for r in range(4):
         wr = w[m + r].view(np.uint16)
         sumd = np.float64(reduce64(acc, 64 * r))
