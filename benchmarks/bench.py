@@ -1,7 +1,8 @@
 """Benchmark synapse_nb against llama.cpp on the same machine, in the same run.
 
     python benchmarks/bench.py MODEL [MODEL ...] [--runs 3] [--threads 2]
-                               [--only short,long,start,compile,rss] [--llama-bin DIR] [--no-llama-cpp]
+                               [--only short,long,start,compile,rss,scaling] [--llama-bin DIR]
+                               [--no-llama-cpp]
 
 MODEL is a models.txt name or a GGUF path. llama.cpp is run from its own tools (llama-bench,
 llama-completion), built by ../shared/tools/build-llama-cpp.sh into
@@ -17,7 +18,13 @@ better for tok/s, lower for seconds and MiB):
   start    wall time and peak RSS of a whole 1-token run of "Hello" with -c 512
            (llama-decode vs llama-completion), a fresh process each;
   compile  the kernel compile time of a first run (a cold Numba cache);
-  rss      peak RSS with a full 4096-token context (a 4064-token prompt, then 32 tokens decoded).
+  rss      peak RSS with a full 4096-token context (a 4064-token prompt, then 32 tokens decoded);
+  scaling  decode of 64 tokens on 1 thread and on --threads, each side's ratio of the two, beside the
+           machine's own: a plain parallel read of 384 MiB (beyond the L3) on 1 and on --threads, in
+           the same process and rounds as our decodes. A decode streams its weights every token, so
+           its ratio is at most (read GB/s on --threads) / (its GB/s on 1 thread); that bound is
+           printed too, and the share of the read a 1.7x ratio would need (not in the default
+           --only: it adds ~1 minute a model).
 Nothing here is asserted: it prints numbers. The machine is shared: compare ratios from one run.
 """
 
@@ -97,6 +104,65 @@ def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth:
             dt = time.perf_counter() - t0
             samples.append(n_gen / dt)
     return {"tps": statistics.median(samples[1:])}
+
+
+def child_scaling(model: str, threads: int, n_gen: int, reps: int) -> dict:
+    """Decode tok/s at 1 thread and at `threads` (fixed counts, Numba's set_num_threads) and the
+    machine's read GB/s at each, in `reps` rounds of [read 1, read N, decode 1, decode N]; medians,
+    and the weight bytes one decode step reads (every layer's matmuls and the output head)."""
+    import numba
+    import numpy as np
+    from numba import njit, prange
+
+    import synapse_nb
+
+    @njit(cache=False)
+    def sum_row(row):  # as bench_kernels' read: a streaming sum, vectorised
+        s = np.uint64(0)
+        for i in range(row.size):
+            s += row[i]
+        return s
+
+    @njit(parallel=True, cache=False)
+    def read_sum(a, out):
+        for r in prange(a.shape[0]):
+            out[r] = sum_row(a[r])
+
+    buf = np.ones((3072, 16384), np.uint64)  # 384 MiB in rows of 128 KiB
+    sums = np.zeros(buf.shape[0], np.uint64)
+
+    def read(t):
+        numba.set_num_threads(t)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            read_sum(buf, sums)
+            best = min(best, time.perf_counter() - t0)
+        return buf.nbytes / best / 1e9
+
+    m = synapse_nb.load_model(model)
+    session_warmup(m)
+    weights = m.weights
+    per_token = weights.output.rows.nbytes + sum(getattr(L, w).rows.nbytes for L in weights.layers
+                                                 for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    rng = np.random.default_rng(0)
+    s = Session(m, n_ctx=n_gen + 8)  # n_threads None: the count set here holds for every step
+
+    def decode(t):
+        numba.set_num_threads(t)
+        s.reset()
+        tok = int(rng.integers(0, m.hparams.n_vocab))
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            tok = int(np.argmax(s.eval([tok])))
+        return n_gen / (time.perf_counter() - t0)
+
+    for t in (1, threads):  # warm-up: compile the read, wake the threads
+        read_sum(buf, sums)
+        decode(t)
+    rows = [(read(1), read(threads), decode(1), decode(threads)) for _ in range(reps)]
+    med = [statistics.median(r[i] for r in rows) for i in range(4)]
+    return {"read1": med[0], "readN": med[1], "tps1": med[2], "tpsN": med[3], "bytes": per_token}
 
 
 def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3) -> tuple[float, float]:
@@ -184,6 +250,8 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
         ms = json.loads(res.stdout.decode())["timings"]["compile_ms"]
         _table("first run, cold Numba cache", [("kernel compile (s)", ms / 1e3, None, None),
                                                ("whole first run (s)", wall, None, None)])
+    if "scaling" in only:
+        _run_scaling(path, runs, threads, bin_dir)
     if "rss" in only:
         v = ours(path, threads, "tg", 0, 32, 4064, 1)[1]
         d = l = None
@@ -193,7 +261,39 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
         _table("memory", [("peak RSS, full 4096 context (MiB)", v, d, l)])
 
 
+def _run_scaling(path, runs, threads, bin_dir):
+    """The scaling section: our child_scaling, then llama-bench -t 1,N in both settings."""
+    _, _, res = _run([sys.executable, __file__, "--child-scaling", path, str(threads), "64", str(runs)])
+    o = json.loads(res.stdout.decode().strip().splitlines()[-1])
+    cols = [("synapse_nb", o["tps1"], o["tpsN"])]
+    if bin_dir:
+        for name, extra in (("llama.cpp default", []), ("llama.cpp like-for-like", LIKE_FOR_LIKE)):
+            cmd = [bin_dir / "llama-bench", "-m", path, "-t", f"1,{threads}", "-p", "0", "-n", "64",
+                   "-r", str(runs), "-o", "json", *extra]
+            rows = json.loads(_run(cmd)[2].stdout.decode())
+            tps = {r["n_threads"]: statistics.median(r["samples_ts"]) for r in rows}
+            cols.append((name, tps[1], tps[threads]))
+    print(f"\nthread scaling: decode 64 tok on 1 and {threads} threads")
+    print("| figure | " + " | ".join(c[0] for c in cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    print("| decode tok/s, 1 thread | " + " | ".join(f"{c[1]:.2f}" for c in cols) + " |")
+    print(f"| decode tok/s, {threads} threads | " + " | ".join(f"{c[2]:.2f}" for c in cols) + " |")
+    print(f"| {threads} threads / 1 thread | " + " | ".join(f"{c[2] / c[1]:.2f}" for c in cols) + " |")
+    gb1, gbn = o["tps1"] * o["bytes"] / 1e9, o["tpsN"] * o["bytes"] / 1e9
+    print(f"\nmachine read (384 MiB, same rounds as ours): 1 thread {o['read1']:.1f} GB/s, {threads} threads "
+          f"{o['readN']:.1f} GB/s ({o['readN'] / o['read1']:.2f}x). Our decode reads {o['bytes'] / 1e6:.1f} MB of "
+          f"weights a token: {gb1:.1f} GB/s on 1 thread ({gb1 / o['read1']:.0%} of the read), {gbn:.1f} on "
+          f"{threads} ({gbn / o['readN']:.0%}); so its {threads}/1 ratio is at most {o['readN'] / gb1:.2f} here, and "
+          f"a ratio of 1.7 would need {1.7 * gb1:.1f} GB/s on {threads} threads ({1.7 * gb1 / o['readN']:.0%} of the "
+          f"read) with no serial work at all.")
+    sys.stdout.flush()
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-scaling":
+        model, threads, n_gen, reps = sys.argv[2:6]
+        print(json.dumps(child_scaling(model, int(threads), int(n_gen), int(reps))))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         model, threads, test, n_prompt, n_gen, depth, reps = sys.argv[2:9]
         print(json.dumps(child(model, int(threads), test, int(n_prompt), int(n_gen), int(depth), int(reps))))
