@@ -2,7 +2,7 @@
 
 The command only parses arguments, calls the library and prints: generated
 text (or JSON, or token ids) on stdout; logs, progress and timings on stderr.
-Exit status: 0 success, 1 internal error, 2 bad input, 130 interrupted.
+Exit status: 0 success, 1 internal error, 2 bad input, 130 interrupted, 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -22,11 +22,17 @@ from synapse_nb import __version__
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # SIGTERM
 
 
 def _log(msg: str, end: str = "\n") -> None:
-    sys.stderr.write(msg + end)
-    sys.stderr.flush()
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(msg + end)
+        sys.stderr.flush()
+    except OSError:  # stderr on a full device or closed: logs are not worth failing the run for
+        pass
 
 
 def _one_line(msg: str, limit: int = 500) -> str:
@@ -57,14 +63,13 @@ _COUNT = _AtLeast(1)
 
 
 def _parse_token_list(text: str) -> list[int]:
-    # ids separated by commas and/or whitespace; "1 2" is two ids, never 12
-    try:
-        ids = [int(t) for t in re.split(r"[,\s]+", text) if t != ""]
-    except ValueError:
-        raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
-    if not ids:
+    # ids (ASCII digits) separated by one comma and/or whitespace; "1 2" is two ids, never 12
+    items = re.split(r"\s*,\s*|\s+", text.strip())
+    if items == [""]:
         raise click.BadParameter("empty token list", param_hint="--tokens")
-    return ids
+    if not all(re.fullmatch(r"[+-]?[0-9]+", t) for t in items):
+        raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
+    return [int(t) for t in items]
 
 
 def _decode_utf8(data: bytes, what: str) -> str:
@@ -93,6 +98,8 @@ def _read_prompt(prompt: str | None, file: str | None, limit: int, n_ctx: int) -
             raise click.BadParameter(f"{file}: {e.strerror}", param_hint="-f/--file")
         return _decode_utf8(data, f"-f/--file {file}")
     if prompt == "-":
+        if sys.stdin is None:
+            raise click.BadParameter("standard input is closed", param_hint="PROMPT '-'")
         return _decode_utf8(read_bounded(sys.stdin.buffer, limit, "standard input", n_ctx), "standard input")
     return prompt if prompt is not None else ""
 
@@ -176,7 +183,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, check_token_ids, default_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, check_token_ids, resolve_n_ctx, warmup as session_warmup
 
     if chat is not None and (chat["conversation"] or chat["single_turn"]):
         bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
@@ -216,7 +223,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     else:
         from synapse_nb.inputs import prompt_byte_limit
 
-        n_ctx_max = ctx_size if ctx_size is not None else default_n_ctx(model.hparams)
+        n_ctx_max = resolve_n_ctx(model.hparams, ctx_size)
         text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
@@ -228,13 +235,12 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             raise click.UsageError("missing PROMPT: give it as an argument, '-' for standard input, or -f FILE")
         raise SynapseError("the prompt is empty (no tokens to evaluate)")
 
-    n_threads = threads or os.cpu_count() or 1
     hp = model.hparams
-    session = Session(model, n_ctx=ctx_size, n_threads=n_threads, n_batch=batch_size)
+    session = Session(model, n_ctx=ctx_size, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
+    n_threads = session.n_threads  # at most Numba's thread count
     session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
     n_ctx = session.n_ctx
-    if n_ctx > hp.n_ctx_train:
-        _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
+    _warn_n_ctx(n_ctx, hp)
     sampler = None
     if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
         from synapse_nb.sampling import sampler_from_options
@@ -364,7 +370,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
     from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, default_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, resolve_n_ctx, warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
@@ -375,15 +381,16 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     path = resolve_model(model_arg)
     model = load_model(path)
     hp = model.hparams
-    n_ctx = ctx_size if ctx_size is not None else default_n_ctx(hp)
+    n_ctx = resolve_n_ctx(hp, ctx_size)
     first = None
     if prompt is not None or file is not None:
         from synapse_nb.inputs import prompt_byte_limit
 
         first = _read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
-    n_threads = threads or os.cpu_count() or 1
-    session = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size)
+    session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
+    n_threads = session.n_threads
+    _warn_n_ctx(n_ctx, hp)
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
@@ -404,6 +411,12 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
                             as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler)
+
+
+def _warn_n_ctx(n_ctx: int, hp) -> None:
+    """llama.cpp's warning (llama_context's constructor) when n_ctx exceeds the training context."""
+    if n_ctx > hp.n_ctx_train:
+        _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
 
 
 def _check_progress(t0: float):
@@ -454,7 +467,7 @@ def _save_npy(dest: str, array) -> None:
                 raise
             os.replace(tmp, dest)  # a file system without hard links
     except OSError as e:
-        raise SynapseError(f"--logits-out {dest}: {e.strerror}") from None
+        raise SynapseError(f"--logits-out {dest}: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -514,15 +527,20 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("model")
+@click.argument("model", required=False)
 @click.argument("prompt", required=False)
+@click.option("-m", "--model", "model_opt", type=str, default=None, metavar="FNAME",
+              help="The model (llama.cpp's -m), instead of MODEL: then the first argument is PROMPT.")
 @click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
 @click.option("-n", "--n-predict", type=_AtLeast(-1, " (-1: no limit)"), default=128, show_default=True,
               help="Tokens to generate; -1: until end of generation or a full context.")
-@click.option("-c", "--ctx-size", type=_COUNT, default=None,
-              help="Context size n_ctx in tokens [default: min(n_ctx_train, 4096)].")
+@click.option("-c", "--ctx-size", type=_AtLeast(0), default=None,
+              help="Context size n_ctx in tokens, 0 = the model's n_ctx_train [default: min(n_ctx_train, 4096)].")
 @click.option("-b", "--batch-size", type=_COUNT, default=64, show_default=True, help="Prefill batch size.")
-@click.option("-t", "--threads", type=_COUNT, default=None, help="Threads [default: all cores].")
+@click.option("-t", "--threads", type=int, default=None, metavar="N",
+              help="Threads, <= 0 = all cores [default: all cores].")
+@click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
+              help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @click.option("--no-parse-special", is_flag=True, help="Treat special-token text in the prompt as plain text.")
 @click.option("--no-add-special", is_flag=True, help="Do not add BOS/EOS to the prompt.")
@@ -565,8 +583,9 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 @click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
-def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
-                 no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose, prompt_opt,
+def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
+                 no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
+                 prompt_opt,
                  conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
                  workers, ray_address, ppl, kld_base, kl_div, chunks, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
@@ -599,6 +618,22 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
 
     warnings.showwarning = _warn
     try:
+        if model_opt is not None:  # -m: the arguments are PROMPT only
+            if prompt is not None:
+                raise click.UsageError("with -m/--model, give at most one argument (PROMPT)")
+            model, prompt = model_opt, model
+        if model is None:
+            raise click.UsageError("missing MODEL: give a GGUF file or a models.txt name (or -m FNAME)")
+        if gpu_layers is not None:
+            if gpu_layers not in ("auto", "all") and not re.fullmatch(r"-?[0-9]+", gpu_layers):
+                raise click.BadParameter(f"{gpu_layers!r}: an integer, 'auto' or 'all'", param_hint="-ngl/--gpu-layers")
+            _log("warning: llama-decode runs on the CPU only: -ngl/--gpu-layers is ignored")
+        if threads is not None and threads <= 0:
+            threads = None  # llama.cpp: -t <= 0 is every core
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            if batch_in is None:
+                raise SynapseError("standard output is closed: nothing to print the output to")
+            sys.stdout = open(os.devnull, "w")  # batch mode writes --output; nothing goes to stdout
         if prompt_opt is not None:
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
@@ -650,6 +685,11 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
         finally:
             sys.exit(0)
     except Exception as e:  # an internal error: one line, traceback only with --verbose
+        if isinstance(e, OSError) and e.filename is None and e.errno in _FULL_ERRNOS:
+            # stdout on a full device (>/dev/full): every file we write ourselves names itself
+            _log(_one_line(f"error: cannot write to standard output: {e.strerror or e}"))
+            sys.stdout = open(os.devnull, "w")  # nothing more to flush at exit
+            sys.exit(EXIT_BAD_INPUT)
         if verbose:
             import traceback
 
@@ -659,12 +699,28 @@ def llama_decode(model, prompt, file, n_predict, ctx_size, batch_size, threads, 
     sys.exit(code)
 
 
+# Errors of a write to a full device. Every file llama-decode writes (--logits-out, .kld, batch
+# --output) turns them into an error naming the file, so one reaching the top unnamed is stdout's.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _on_sigterm(signum, frame):
+    # SIGTERM unwinds like an exception, so that partial results are removed (a .kld or .npy being
+    # written, an empty batch --output) before the process ends with 128 + 15
+    _log("terminated")
+    raise SystemExit(EXIT_TERMINATED)
+
+
 def main() -> None:
     """Console-script entry point of llama-decode.
 
     Option errors are one line on stderr ("error: Invalid value for ...") with exit status 2,
-    not click's three-line usage block; Ctrl-C while click parses exits 130.
+    not click's three-line usage block; Ctrl-C while click parses exits 130; SIGTERM ends the run
+    with 143 after the same clean-up as an error.
     """
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = llama_decode.main(prog_name="llama-decode", standalone_mode=False)
     except click.ClickException as e:

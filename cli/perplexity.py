@@ -40,7 +40,11 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
     t0 = time.perf_counter()
     path = resolve_model(model_arg)
     model = load_model(path)
-    n_threads = threads or os.cpu_count() or 1
+    import numba
+
+    n_threads = min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS)  # as Session clamps it
+    if ctx_size == 0:  # llama.cpp's -c 0: the model's training context
+        ctx_size = model.hparams.n_ctx_train
     if kb is not None and ctx_size is not None and ctx_size < kb.n_ctx:
         raise SynapseError(f"{kld_base} has been computed with n_ctx {kb.n_ctx}, while -c is {ctx_size}; increase it "
                            f"(or omit -c)")

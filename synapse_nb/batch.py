@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,35 @@ SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "pe
 INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS
 DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling")
 RESULT_KEYS = ("id", "prompt_tokens", "tokens", "text", "stop", "timings")
+# The longest line of IN or OUT read (a prompt that fits a 128k context is at most 8 MiB of text,
+# see inputs.BYTES_PER_TOKEN; JSON escapes can make it a few times longer): a longer line, or a
+# device that never ends one (/dev/zero), is an error, not an unbounded read.
+LINE_BYTES = 64 << 20
+
+
+def _lines(f, what: str):
+    """(line number, bytes) of each line of the binary file f, read one at a time (at most
+    LINE_BYTES each, else SynapseError naming `what`); the last may lack its newline."""
+    n = 0
+    while True:
+        raw = f.readline(LINE_BYTES + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > LINE_BYTES:
+            raise SynapseError(f"{what} line {n}: longer than {LINE_BYTES >> 20} MiB")
+        yield n, raw
+
+
+def _check_not_device(path, what: str) -> None:
+    """SynapseError unless path is missing, a regular file or a pipe (a device such as /dev/zero
+    or /dev/full, a directory or a socket is not a batch file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # the open reports it
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise SynapseError(f"{what} {path}: not a regular file")
 
 
 def _one_line(msg, limit: int = 500) -> str:
@@ -65,8 +95,19 @@ def _valid_id(v) -> bool:
 
 
 def _log(msg: str, end: str = "\n") -> None:
-    sys.stderr.write(msg + end)
-    sys.stderr.flush()
+    _write_stderr(sys.stderr, msg + end)
+
+
+def _write_stderr(stream, text: str) -> None:
+    """Write progress or a log line; a failing stderr (a full device, closed) is not worth
+    failing a batch for: the results go to --output."""
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 # ---------------------------------------------------------------- input
@@ -102,13 +143,14 @@ def read_inputs(path) -> list[dict]:
     ("prompt"/"tokens", "n_predict", sampling options) is checked when the line is decoded,
     and a bad value gives that line an "error" result.
     """
+    _check_not_device(path, "--batch")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            lines = list(_lines(f, f"--batch {path}"))
     except OSError as e:
         raise SynapseError(f"--batch {path}: {e.strerror}") from None
     items, seen = [], {}
-    for n, raw in enumerate(data.split(b"\n"), 1):
+    for n, raw in lines:
         if not raw.strip():
             continue
         try:
@@ -230,7 +272,7 @@ class Decoder:
                     raise SynapseError("\"logit_bias\" must be a list of [token id, bias] pairs")
                 params["logit_bias"] = list(own) + [(int(t), float("-inf")) for t in sorted(tok.eog_ids)]
             try:
-                sampler = cls(**params)
+                sampler = cls(**params, n_vocab=hp.n_vocab)
             except SynapseError:
                 raise
             except (TypeError, ValueError) as e:
@@ -344,6 +386,8 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
         return _run_ray(_import_ray(), model, pending, ray_address, workers, n_threads, options)
     if not pending:
         return iter(())
+    if n_threads is not None:  # this machine's processes: at most its cores (as Session and Numba)
+        n_threads = min(n_threads, os.cpu_count() or 1)
     if workers in (None, 1):
         return _run_here(model, pending, n_threads, options)
     return _run_processes(model, pending, workers, n_threads, options)
@@ -565,7 +609,10 @@ class Progress:
     def __init__(self, total: int, stream=None, interval: float = 10.0):
         self.total, self.done, self.tokens, self.errors = total, 0, 0, 0
         self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty()
+        try:
+            self.tty = self.stream is not None and self.stream.isatty()
+        except (OSError, ValueError):
+            self.tty = False
         self.interval = interval
         self.t_first = None
         self.tokens_first = 0
@@ -590,17 +637,14 @@ class Progress:
         if self.t_first is None:
             self.t_first, self.tokens_first = now, self.tokens
         if self.tty:
-            self.stream.write("\r" + self.line() + "\x1b[K")
-            self.stream.flush()
+            _write_stderr(self.stream, "\r" + self.line() + "\x1b[K")
         elif now - self.last >= self.interval or self.done == self.total:
-            self.stream.write(self.line() + "\n")
-            self.stream.flush()
+            _write_stderr(self.stream, self.line() + "\n")
             self.last = now
 
     def close(self) -> None:
         if self.tty and self.done:
-            self.stream.write("\n")
-            self.stream.flush()
+            _write_stderr(self.stream, "\n")
 
 
 def _fmt_s(s: float) -> str:
@@ -618,31 +662,40 @@ def read_done(out_path) -> tuple[set, int]:
     is not a result line (JSON object with an id) or the unfinished one does not start as ours:
     the file is then not a batch output, and it is not modified.
     """
+    done, end, last = set(), 0, b""
     try:
         with open(out_path, "rb") as f:
-            data = f.read()
+            for n, raw in _lines(f, f"--output {out_path}"):
+                if not raw.endswith(b"\n"):
+                    last = raw  # unfinished: checked below
+                    break
+                end += len(raw)
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, UnicodeDecodeError):
+                    obj = None
+                if not _is_result(obj):
+                    raise SynapseError(f"--output {out_path} line {n} is not a batch result line; the file is not "
+                                       f"modified (give another --output)")
+                done.add(obj["id"])
     except FileNotFoundError:
         return set(), 0
     except OSError as e:
         raise SynapseError(f"--output {out_path}: {e.strerror}") from None
-    end = data.rfind(b"\n") + 1
-    done = set()
-    for n, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-            ok = isinstance(obj, dict) and _valid_id(obj.get("id"))
-        except (ValueError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            raise SynapseError(f"--output {out_path} line {n} is not a batch result line; the file is not "
-                               f"modified (give another --output)")
-        done.add(obj["id"])
-    if end < len(data) and not data[end:].startswith(b'{"id": '):
+    if last and not last.startswith(b'{"id": '):
         raise SynapseError(f"--output {out_path} ends in a line that is not a batch result; the file is not "
                            f"modified (give another --output)")
     return done, end
+
+
+def _is_result(obj) -> bool:
+    """Whether a parsed OUT line is one of our result lines: {"id", "error"} or a result with
+    "text" and "stop" (Decoder.decode), never an input line (those have "prompt" or neither)."""
+    if not isinstance(obj, dict) or not _valid_id(obj.get("id")) or "prompt" in obj:
+        return False
+    return set(obj) == {"id", "error"} or ("text" in obj and "stop" in obj)
 
 
 def _same_file(a: str, b) -> bool:
@@ -676,6 +729,9 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
         raise SynapseError(f"--output {out_path} is the model file; it is not overwritten")
     if os.path.isdir(out_path):
         raise SynapseError(f"--output {out_path} is a directory")
+    if os.path.exists(out_path) and not stat.S_ISREG(os.stat(out_path).st_mode):
+        raise SynapseError(f"--output {out_path}: not a regular file (results are appended to a file and resumed "
+                           f"from it)")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
         raise SynapseError(f"--output {out_path}: no such directory")
     items = read_inputs(in_path)
@@ -702,7 +758,8 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
         n_done = len(ids & done)
         todo = len(items) - n_done
         where = (f"Ray ({ray_address or 'local'})" if ray_address is not None else
-                 f"{workers} worker processes" if workers not in (None, 1) else "1 process")
+                 f"{min(workers, todo)} worker process{'es' if min(workers, todo) > 1 else ''}"
+                 if workers not in (None, 1) else "1 process")
         _log(f"batch: {len(items)} inputs, {n_done} already in {out_path}, {todo} to do on {where}")
         if todo == 0:
             return 0
@@ -711,10 +768,13 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
             for res in run(model_path if ray_address is None else model, items, workers=workers,
                            n_threads=n_threads, ray_address=ray_address, skip_ids=done, **options):
                 line = result_line(res)
-                n = os.write(fd, line)  # one write of the whole line: O_APPEND, never interleaved
-                while n < len(line):  # a short write (disk full): finish the line
-                    n += os.write(fd, line[n:])
-                os.fsync(fd)
+                try:
+                    n = os.write(fd, line)  # one write of the whole line: O_APPEND, never interleaved
+                    while n < len(line):  # a short write (disk full): finish the line
+                        n += os.write(fd, line[n:])
+                    os.fsync(fd)
+                except OSError as e:  # the next run drops an unfinished last line and goes on from there
+                    raise SynapseError(f"--output {out_path}: {e.strerror or e}") from None
                 wrote = True
                 if prog is not None:
                     prog.update(res)

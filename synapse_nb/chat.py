@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import stat
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import SynapseError
@@ -94,13 +97,56 @@ def _environment():
     return _ENV
 
 
+# The address space one rendering may add (strings a template builds, e.g. by doubling one in a
+# loop): past it the rendering fails with a one-line error instead of taking the machine's memory.
+# Real templates use kilobytes.
+RENDER_MEMORY_BYTES = 1 << 30
+# The largest --chat-template-file read (real templates are a few KiB; GGUF keys hold them whole).
+TEMPLATE_FILE_BYTES = 1 << 20
+
+
+def _address_space() -> int | None:
+    """This process's mapped address space in bytes (Linux /proc/self/statm), None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextmanager
+def _memory_cap(extra: int):
+    """Limit this process's address space (RLIMIT_AS) to its current size + extra bytes for the
+    block, so that a runaway allocation raises MemoryError; the limit is restored after. Nothing
+    is limited where RLIMIT_AS or /proc/self/statm is missing, or a tighter limit is already set."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Linux
+        yield
+        return
+    now = _address_space()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = None if now is None else now + extra
+    if cap is not None and hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if cap is None or (soft != resource.RLIM_INFINITY and soft <= cap):
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 class ChatTemplate:
     """A Jinja chat template and where it came from (for error messages).
 
     source: the template text (str). origin: e.g. "model.gguf (tokenizer.chat_template)" or the
     --chat-template-file path. compile() parses it (cached); render(variables) runs it.
     Errors: SynapseError "chat template of ORIGIN, line N: ..." for a syntax error, a render
-    error (undefined variable, type error, the template's raise_exception) or a sandbox violation.
+    error (undefined variable, type error, the template's raise_exception), a sandbox violation,
+    or a rendering that needs more than RENDER_MEMORY_BYTES of memory.
     """
 
     def __init__(self, source: str, origin: str):
@@ -132,7 +178,11 @@ class ChatTemplate:
         """The template rendered with `variables`. Raises SynapseError naming the template line."""
         tmpl = self.compile()
         try:
-            return tmpl.render(**variables)
+            with _memory_cap(RENDER_MEMORY_BYTES):
+                return tmpl.render(**variables)
+        except MemoryError:
+            raise SynapseError(f"chat template of {self.origin}: rendering it needs more than "
+                               f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
         except _TemplateRaised as e:
             raise self._error(e, "raise_exception") from None
         except RecursionError as e:
@@ -273,12 +323,18 @@ def chat_renderer(tokenizer, chat_template: str | None = None, origin: str | Non
 
 
 def read_template_file(path: str) -> str:
-    """--chat-template-file: the file's text (UTF-8). Raises SynapseError naming the file."""
+    """--chat-template-file: the file's text (UTF-8, at most TEMPLATE_FILE_BYTES). Raises
+    SynapseError naming the file (also for a device or a FIFO: only regular files are read)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SynapseError(f"--chat-template-file {path}: not a regular file")
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(TEMPLATE_FILE_BYTES + 1)
     except OSError as e:
         raise SynapseError(f"--chat-template-file {path}: {e.strerror}") from None
+    if len(data) > TEMPLATE_FILE_BYTES:
+        raise SynapseError(f"--chat-template-file {path}: larger than {TEMPLATE_FILE_BYTES >> 20} MiB; not a chat "
+                           f"template")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -357,6 +413,8 @@ class Conversation:
         """
         s = self.session
         full = self.prompt_tokens(user_text)
+        if not full:
+            raise SynapseError("the chat template rendered the conversation as an empty prompt (no tokens)")
         n_ctx = s.n_ctx
         self.check_fits(full)
         k = 0
@@ -423,6 +481,8 @@ def _read_turn(prompt_on_tty: bool, limit: int | None = None):
     limit: most bytes a line may have (synapse_nb.inputs.prompt_byte_limit); a longer line (or
     endless input without a newline, such as /dev/zero) raises SynapseError once limit + 1 bytes
     are read."""
+    if sys.stdin is None:  # started with stdin closed: no turns
+        return None
     if prompt_on_tty and sys.stdin.isatty():
         if sys.stdout.isatty():
             try:
@@ -466,8 +526,8 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     terminal), until EOF or "/exit" (exit 0); with single_turn, only the first turn (read from stdin
     when first_user is None). Replies stream to stdout (a newline after each); with as_json, one JSON
     object per turn instead (model, prompt_tokens: the rendered conversation's ids, tokens, text, stop,
-    n_reused, n_evaluated, n_past, timings). Ctrl-C stops the current reply; Ctrl-C at the prompt
-    raises KeyboardInterrupt (the CLI exits 130). log(str) writes stderr lines; verbose logs each
+    n_reused, n_evaluated, n_past, timings, and seed when sampling). Ctrl-C stops the current reply;
+    Ctrl-C at the prompt raises KeyboardInterrupt (the CLI exits 130). log(str) writes stderr lines; verbose logs each
     turn's cache reuse. warmup(), if given, is called once the template and a given first turn are
     checked, before anything is evaluated (the CLI compiles the kernels there). sampler: a
     synapse_nb.Sampler for sampled replies (None: greedy); each turn's new input tokens are passed
@@ -498,9 +558,10 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
         if pending is None:
             if single_turn and turn:
                 break
-            text = _read_turn(prompt_on_tty=not as_json or sys.stdin.isatty(), limit=turn_limit)
+            tty = sys.stdin is not None and sys.stdin.isatty()
+            text = _read_turn(prompt_on_tty=not as_json or tty, limit=turn_limit)
             if text is None:
-                if sys.stdin.isatty() and sys.stdout.isatty():
+                if tty and sys.stdout.isatty():
                     out.write(b"\n")
                     out.flush()
                 break
@@ -522,6 +583,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
                 "text": res.text, "stop": res.stop, "n_reused": res.n_reused, "n_evaluated": res.n_evaluated,
                 "n_past": res.n_past,
                 "timings": {"prompt_ms": round(res.prompt_ms, 2), "eval_ms": round(res.eval_ms, 2)},
+                **({"seed": sampler.seed} if sampler is not None else {}),
             }) + "\n").encode())
         else:
             out.write(b"\n")

@@ -496,6 +496,9 @@ def open_gguf(path) -> GGUFFile:
     """
     path = Path(path)
     try:
+        # only a regular file can be mapped; opening a FIFO would wait for a writer
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise SynapseError(f"{path}: not a regular file, not a GGUF file")
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:

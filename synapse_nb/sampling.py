@@ -207,13 +207,18 @@ def _softmax(c: _Cands, do_sort: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _f32_param(name, value, finite=True):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise SynapseError(f"sampling: {name} must be a number, got {value!r}") from None
+    # a number (not a string, a bool or None: batch lines are JSON), within float32's range
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SynapseError(f"sampling: {name} must be a number, got {value!r}")
+    v = float(value)
     if math.isnan(v) or (finite and math.isinf(v)):
         raise SynapseError(f"sampling: {name} must be a finite number, got {value!r}")
+    if math.isfinite(v) and abs(v) > _F32_MAX:
+        raise SynapseError(f"sampling: {name} {value!r} is out of float32's range")
     return _F32(v)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _int_param(name, value, lo=None, hi=None):
@@ -238,7 +243,8 @@ class Sampler:
     xtc_threshold 0.1, dynatemp_range 0.0, dynatemp_exponent 1.0, seed -1 (random: the seed
     chosen is ``self.seed``, used by both dist and xtc, so passing it back reproduces the run;
     otherwise 0..2**32-1), logit_bias: iterable of (token id, bias) pairs (bias may be -inf),
-    applied in order. Floats are rounded to float32 as llama.cpp stores them. dry_multiplier
+    applied in order (token ids in [0, n_vocab) when n_vocab is given). Numbers must be int or
+    float (not strings) within float32's range; they are rounded to float32 as llama.cpp stores them. dry_multiplier
     must be 0 (DRY is not implemented); dry_base, dry_allowed_length and dry_penalty_last_n are
     accepted and unused. Raises SynapseError for a bad value.
 
@@ -251,7 +257,7 @@ class Sampler:
                  penalty_last_n=64, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
                  top_n_sigma=-1.0, xtc_probability=0.0, xtc_threshold=0.1, dynatemp_range=0.0,
                  dynatemp_exponent=1.0, seed=-1, logit_bias=(), dry_multiplier=0.0, dry_base=1.75,
-                 dry_allowed_length=2, dry_penalty_last_n=64):
+                 dry_allowed_length=2, dry_penalty_last_n=64, n_vocab=None):
         self._params = dict(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                             min_keep=min_keep, penalty_last_n=penalty_last_n, repeat_penalty=repeat_penalty,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -290,7 +296,8 @@ class Sampler:
             except (TypeError, ValueError):
                 raise SynapseError(f"sampling: logit_bias entries must be (token, bias) pairs, got {item!r}") \
                     from None
-            biases.append((_int_param("logit_bias token", tok), _f32_param("logit_bias bias", bias, finite=False)))
+            tok = _int_param("logit_bias token", tok, 0, None if n_vocab is None else n_vocab - 1)
+            biases.append((tok, _f32_param("logit_bias bias", bias, finite=False)))
         self.logit_bias = tuple(biases)
 
         # Which samplers are active (llama_sampler_init_* returning an empty "?name" sampler).
@@ -580,7 +587,7 @@ def parse_logit_bias(text: str, n_vocab: int | None = None) -> tuple:
     (id, bias). Raises SynapseError for another form or an id outside [0, n_vocab)."""
     import re
 
-    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", text or "")
+    m = re.fullmatch(r"\s*([0-9]+)\s*([+-])\s*(\S+)\s*", text or "")
     try:
         bias = float(m.group(3)) if m else math.nan
     except ValueError:

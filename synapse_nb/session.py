@@ -124,6 +124,16 @@ def default_n_ctx(hp: HParams) -> int:
     return min(hp.n_ctx_train, DEFAULT_N_CTX_MAX)
 
 
+def resolve_n_ctx(hp: HParams, n_ctx):
+    """n_ctx as given to a Session: None is default_n_ctx, 0 the model's n_ctx_train (llama.cpp's
+    -c 0, "loaded from model"); any other value is returned as it is (Session checks it)."""
+    if n_ctx is None:
+        return default_n_ctx(hp)
+    if isinstance(n_ctx, (int, np.integer)) and not isinstance(n_ctx, bool) and n_ctx == 0:
+        return hp.n_ctx_train
+    return n_ctx
+
+
 def check_token_ids(ids, n_vocab: int, what: str = "tokens") -> None:
     """Raise SynapseError (naming `what`) unless every id is an integer in [0, n_vocab)."""
     for t in ids:
@@ -143,7 +153,7 @@ class Session:
     """One sequence being decoded: KV cache of n_ctx positions, n_past of them filled.
 
     Build with Session(model, n_ctx=None, n_threads=None, n_batch=64).
-    n_ctx: cache positions (default min(n_ctx_train, 4096)); n_threads: Numba threads used by
+    n_ctx: cache positions (default min(n_ctx_train, 4096); 0: n_ctx_train); n_threads: Numba threads used by
     eval (default: Numba's current setting; results do not depend on it; with n_threads > 1 a
     one-token eval may take 1 while that is faster, see decode_threads); n_batch: tokens per
     forward. Raises SynapseError for values out of range.
@@ -152,8 +162,7 @@ class Session:
     def __init__(self, model: Model, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = DEFAULT_N_BATCH):
         hp = model.hparams
-        if n_ctx is None:
-            n_ctx = default_n_ctx(hp)
+        n_ctx = resolve_n_ctx(hp, n_ctx)
         if not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
             raise SynapseError(f"{model.path}: n_ctx must be a positive integer, got {n_ctx!r}")
         kv_bytes = KVCache.nbytes(hp, int(n_ctx))

@@ -242,7 +242,8 @@ def test_unfinished_last_line_is_dropped_and_redone(reference, tmp_path):
     check_against_reference(results, reference)
 
 
-@pytest.mark.parametrize("content", [b"not json\n", b'{"no_id": 1}\n', b'{"id": 1, "tokens": [1]}\nhello'])
+@pytest.mark.parametrize("content", [b"not json\n", b'{"no_id": 1}\n', b'{"id": 1, "tokens": [1]}\nhello',
+                                     b'{"id": 1, "prompt": "another batch input"}\n{"id": 9, "prompt": "x"}\n'])
 def test_output_that_is_not_ours_is_not_touched(tmp_path, content):
     inp = write_jsonl(tmp_path / "in.jsonl", INPUTS[:1])
     out = tmp_path / "out.jsonl"
@@ -301,6 +302,11 @@ def test_bad_lines_get_an_error_field_and_the_run_goes_on(reference, tmp_path):
     ]
     if not hasattr(synapse_nb, "Sampler"):
         bad.append(({"id": "temp", "prompt": "a", "temp": 0.7}, "sampling is not supported"))
+    else:  # logit biases are checked as -l checks them: a token of the vocabulary, a number
+        bad += [({"id": "biasvocab", "prompt": "a", "logit_bias": [[49152, 1.0]]},
+                 "logit_bias token must be in [0, 49151], got 49152"),
+                ({"id": "biasstr", "prompt": "a", "logit_bias": [[1, "inf"]]}, "logit_bias bias must be a number"),
+                ({"id": "tempstr", "prompt": "a", "temp": "0.5"}, "temp must be a number")]
     good = INPUTS[0]
     lines = [b[0] for b in bad[:4]] + [good] + [b[0] for b in bad[4:]]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
@@ -345,6 +351,43 @@ def test_output_is_neither_the_input_nor_the_model(tmp_path):
     link = tmp_path / "model-link.gguf"
     link.symlink_to(model_path())
     assert "is the model file" in one_error_line(cli(model_path(), "--batch", inp, "--output", link))
+
+
+@pytest.mark.parametrize("flag,path", [("--output", "/dev/full"), ("--output", "/dev/null"), ("--batch", "/dev/zero"),
+                                       ("--batch", "/dev/urandom")])
+def test_devices_are_not_batch_files(tmp_path, flag, path):
+    # /dev/zero or /dev/full as IN or OUT was read to the end of memory (OOM); now refused up front
+    inp = write_jsonl(tmp_path / "in.jsonl", INPUTS[:1])
+    out = tmp_path / "out.jsonl"
+    args = {"--batch": inp, "--output": out, flag: path}
+    msg = one_error_line(cli(model_path(), "--batch", args["--batch"], "--output", args["--output"], timeout=120))
+    assert msg == f"error: {flag} {path}: not a regular file" + (
+        " (results are appended to a file and resumed from it)" if flag == "--output" else "")
+    assert not out.exists()
+
+
+def test_endless_input_line_is_refused(tmp_path, monkeypatch):
+    from synapse_nb import SynapseError, batch
+
+    monkeypatch.setattr(batch, "LINE_BYTES", 1000)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps(INPUTS[0]) + "\n" + "x" * 5000)
+    with pytest.raises(SynapseError, match="line 2: longer than"):
+        batch.read_inputs(inp)
+
+
+def test_a_full_stderr_does_not_stop_the_batch(reference, tmp_path):
+    inp = write_jsonl(tmp_path / "in.jsonl", INPUTS[:2])
+    out = tmp_path / "out.jsonl"
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "cli.main", model_path(), "--batch", inp, "--output", out, "-n",
+                              str(N_PREDICT)], stdout=subprocess.PIPE, stderr=full, timeout=900, cwd=ROOT)
+    assert res.returncode == 0
+    results = read_results(out)
+    assert sorted(map(str, (r["id"] for r in results))) == ["2", "capital"]
+    for r in results:
+        for k in COMPARED:
+            assert r[k] == reference[r["id"]][k]
 
 
 def test_progress_plain_lines_when_not_a_terminal():

@@ -236,6 +236,35 @@ def test_bad_template_file_is_one_line_exit_2(tmp_path):
     assert res.returncode == 2 and "missing.jinja" in one_error_line(res)
 
 
+def test_runaway_template_memory_is_an_error(monkeypatch):
+    # a template doubling a string 60 times took the machine's memory (OOM kill); now a one-line error
+    import synapse_nb.chat as chat
+
+    monkeypatch.setattr(chat, "RENDER_MEMORY_BYTES", 256 << 20)
+    t = ChatTemplate('{% set ns = namespace(s="x") %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}'
+                     '{% endfor %}{{ ns.s }}', "t.jinja")
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(SynapseError, match="t.jinja: rendering it needs more than 256 MiB of memory"):
+        t.render({"messages": []})
+    assert resource.getrlimit(resource.RLIMIT_AS) == before  # the limit is lifted after
+    assert ChatTemplate("{{ messages | length }}", "ok").render({"messages": [1, 2]}) == "2"
+
+
+def test_template_file_device_empty_rendering_and_seed_in_json(tmp_path):
+    real_model(SMOL)
+    res = run(SMOL, "-st", "-p", "hi", "--chat-template-file", "/dev/zero")
+    assert res.returncode == 2 and one_error_line(res) == "error: --chat-template-file /dev/zero: not a regular file"
+    empty = _write(tmp_path / "empty.jinja", "")
+    res = run(SMOL, "-st", "-p", "hi", "-n", "2", "--chat-template-file", empty)
+    assert res.returncode == 2
+    assert one_error_line(res) == "error: the chat template rendered the conversation as an empty prompt (no tokens)"
+    res = run(SMOL, "-st", "-p", "hi", "-n", "2", "--temp", "0.7", "-s", "7", "--json")
+    assert res.returncode == 0, res.stderr.decode()
+    assert json.loads(res.stdout)["seed"] == 7  # as the README says of --json when sampling
+
+
 def test_chat_template_file_is_used(tmp_path):
     real_model(SMOL)
     # the qwen2 vocabulary's template (other default system text) on SmolLM2: its rendering, SmolLM2's ids

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import one_error_line, run_cli
+from conftest import ROOT, one_error_line, run_cli
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny"
@@ -70,9 +70,10 @@ def test_truncated_gguf(tmp_path):
     assert "short.gguf" in one_error_line(res)
 
 
-@pytest.mark.parametrize("args", [["-n", "-2"], ["-b", "0"], ["-t", "0"], ["--tokens", "1,x"],
-                                  ["--logits-out", "out.txt"], ["--bogus-option"], ["-n", "abc"], ["-c", "0"],
-                                  ["--tokens", " , "], ["-f", "/nonexistent/prompt.txt"]])
+@pytest.mark.parametrize("args", [["-n", "-2"], ["-b", "0"], ["-t", "x"], ["--tokens", "1,x"],
+                                  ["--logits-out", "out.txt"], ["--bogus-option"], ["-n", "abc"], ["-c", "-1"],
+                                  ["--tokens", " , "], ["-f", "/nonexistent/prompt.txt"], ["--tokens", "1,,2"],
+                                  ["--tokens", "\uff11"], ["-ngl", "x"], ["-l", "1+1e39"], ["-l", "\uff11+1"]])
 def test_bad_options(args):
     # click's usage errors used to be three lines (Usage:, Try:, Error:); now one, exit 2
     res = run(TINY / "tiny-llama-q8_0.gguf", *args)
@@ -142,6 +143,78 @@ def test_context_larger_than_training_warns(tmp_path):
     res = run(TINY / "tiny-llama-q8_0.gguf", "--tokens", "1,2", "-c", "600", "-n", "1", "-t", "1")
     assert res.returncode == 0, res.stderr.decode()
     assert b"warning: n_ctx 600 > n_ctx_train 512" in res.stderr
+
+
+def test_llama_cpp_option_values():
+    # llama.cpp's meanings: -c 0 is the model's training context, -t <= 0 every core, -m the model
+    # (then the first argument is the prompt), -ngl accepted and ignored with a warning
+    tiny = str(TINY / "tiny-llama-q8_0.gguf")
+    res = run(tiny, "--tokens", "1,2", "-c", "0", "-n", "1", "--json")
+    assert res.returncode == 0, res.stderr.decode()
+    assert json.loads(res.stdout)["stop"] == "length"
+    res = run(tiny, "--tokens", ",".join(["1"] * 600), "-c", "0", "-n", "1")  # 600 > n_ctx_train 512
+    assert res.returncode == 2 and "n_ctx = 512" in one_error_line(res)
+    for t in ("0", "-1", "100000"):  # all cores, and never more threads than that reported
+        res = run(tiny, "--tokens", "1,2", "-n", "1", "-t", t, "--json")
+        assert res.returncode == 0, res.stderr.decode()
+        import os
+
+        assert json.loads(res.stdout)["timings"]["n_threads"] == os.cpu_count()
+    a = run(tiny, "--tokens", "1,2", "-n", "4", "-t", "1")
+    b = run("-m", tiny, "--tokens", "1,2", "-n", "4", "-t", "1", "-ngl", "99")
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+    assert b"warning: llama-decode runs on the CPU only: -ngl/--gpu-layers is ignored" in b.stderr
+    c = run("-m", tiny, "hi", "-n", "2", "-t", "1")
+    d = run(tiny, "hi", "-n", "2", "-t", "1")
+    assert c.returncode == d.returncode == 0 and c.stdout == d.stdout
+    res = run("-m", tiny, "hi", "there")
+    assert res.returncode == 2 and "-m/--model" in one_error_line(res)
+
+
+def test_unwritable_stdout_and_closed_streams():
+    # stdout on a full device, stdout or stdin closed: one line, exit 2 (was an internal error)
+    tiny = str(TINY / "tiny-llama-q8_0.gguf")
+    with open("/dev/full", "wb") as full:
+        for extra in ([], ["--json"], ["--tokenize"]):
+            res = subprocess.run([sys.executable, "-m", "cli.main", tiny, "hi", "-n", "2", "-t", "1", *extra],
+                                 stdout=full, stderr=subprocess.PIPE, timeout=300, cwd=ROOT)
+            assert res.returncode == 2, res.stderr.decode()
+            assert one_error_line(res) == "error: cannot write to standard output: No space left on device"
+    res = subprocess.run([sys.executable, "-m", "cli.main", tiny, "hi", "-n", "2"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=300, cwd=ROOT,
+                         preexec_fn=lambda: __import__("os").close(1))
+    assert res.returncode == 2 and "standard output is closed" in one_error_line(res)
+    res = subprocess.run([sys.executable, "-m", "cli.main", tiny, "-", "-n", "2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, timeout=300, cwd=ROOT, preexec_fn=lambda: __import__("os").close(0))
+    assert res.returncode == 2 and "standard input is closed" in one_error_line(res)
+
+
+def test_fifo_model_is_refused_not_waited_for(tmp_path):
+    import os
+
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    res = run(fifo, "hi", timeout=60)
+    assert res.returncode == 2 and "not a regular file" in one_error_line(res)
+
+
+def test_sigterm_removes_the_partial_kld_file(tmp_path):
+    # SIGTERM unwinds like an error: the .kld being written under its temporary name is removed
+    model = real_model_path("smollm2-135m-instruct-q4_1")
+    out = tmp_path / "base.kld"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(model), "--perplexity", "-f",
+                             str(DATA / "perplexity" / "GPL-3.txt"), "-c", "128", "--kl-divergence-base", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    for line in proc.stderr:  # the first chunk is done: the temporary file is being written
+        if b"seconds per pass" in line:
+            break
+    assert any(p.name.startswith("base.kld.tmp") for p in tmp_path.iterdir())
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 143, err.decode()
+    assert b"terminated" in err and b"Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_closed_stdout_is_not_a_traceback():

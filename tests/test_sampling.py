@@ -143,10 +143,18 @@ def test_penalties_window_counts_prompt():
 
 @pytest.mark.parametrize("kw", [dict(repeat_penalty=0.0), dict(repeat_penalty=float("nan")), dict(min_keep=-1),
                                 dict(penalty_last_n=-1), dict(seed=2**32), dict(dry_multiplier=0.5),
-                                dict(temp="hot"), dict(logit_bias=[(1,)]), dict(top_k=1.5)])
+                                dict(temp="hot"), dict(logit_bias=[(1,)]), dict(top_k=1.5), dict(temp="0.5"),
+                                dict(temp=1e39), dict(temp=True), dict(logit_bias=[(1, "inf")]),
+                                dict(logit_bias=[(1, 1e39)]), dict(logit_bias=[(-1, 1.0)]),
+                                dict(logit_bias=[(10, 1.0)], n_vocab=10)])
 def test_bad_parameters(kw):
     with pytest.raises(SynapseError):
         Sampler(**kw)
+
+
+def test_logit_bias_edges_accepted():
+    s = Sampler(logit_bias=[(9, float("-inf")), (0, 3)], n_vocab=10)
+    assert s.logit_bias == ((9, np.float32(-np.inf)), (0, np.float32(3.0)))
 
 
 def test_bad_logits():

@@ -209,7 +209,8 @@ def test_bad_inputs_are_clear_errors():
         s.eval([1.5])
     assert s.n_past == 0
     with pytest.raises(SynapseError, match="n_ctx"):
-        Session(m, n_ctx=0)
+        Session(m, n_ctx=-1)
+    assert Session(m, n_ctx=0).n_ctx == m.hparams.n_ctx_train  # llama.cpp's n_ctx 0: from the model
     with pytest.raises(SynapseError, match="n_threads"):
         Session(m, n_threads=0)
     with pytest.raises(SynapseError, match="n_batch"):
