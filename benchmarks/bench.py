@@ -112,22 +112,11 @@ def child_scaling(model: str, threads: int, n_gen: int, reps: int) -> dict:
     and the weight bytes one decode step reads (every layer's matmuls and the output head)."""
     import numba
     import numpy as np
-    from numba import njit, prange
+    from _read_bandwidth import read_kernel
 
     import synapse_nb
 
-    @njit(cache=False)
-    def sum_row(row):  # as bench_kernels' read: a streaming sum, vectorised
-        s = np.uint64(0)
-        for i in range(row.size):
-            s += row[i]
-        return s
-
-    @njit(parallel=True, cache=False)
-    def read_sum(a, out):
-        for r in prange(a.shape[0]):
-            out[r] = sum_row(a[r])
-
+    read_sum = read_kernel()  # as bench_kernels' memory read
     buf = np.ones((3072, 16384), np.uint64)  # 384 MiB in rows of 128 KiB
     sums = np.zeros(buf.shape[0], np.uint64)
 

@@ -45,7 +45,6 @@ def main():
 
     import numba
     import numpy as np
-    from numba import njit, prange
 
     from synapse_nb import formats as F
     from synapse_nb.kernels import matmul, matvec, supported_types
@@ -54,17 +53,9 @@ def main():
         numba.set_num_threads(args.threads)
     nthreads = numba.get_num_threads()
 
-    @njit(cache=False)
-    def sum_row(row):  # plain function called per row, like the matmul drivers' row kernels
-        s = np.uint64(0)
-        for i in range(row.size):
-            s += row[i]
-        return s
+    from _read_bandwidth import read_kernel
 
-    @njit(parallel=True, cache=False)
-    def read_sum(a, out):
-        for r in prange(a.shape[0]):
-            out[r] = sum_row(a[r])
+    read_sum = read_kernel()
 
     def best_time(fn, reps):
         fn()
