@@ -101,8 +101,39 @@ def _environment():
 # loop): past it the rendering fails with a one-line error instead of taking the machine's memory.
 # Real templates use kilobytes.
 RENDER_MEMORY_BYTES = 1 << 30
+# The longest one rendering may run (real templates take milliseconds; a downloaded one with
+# nested loops could otherwise hang the chat): past it, a one-line error.
+RENDER_SECONDS = 10.0
 # The largest --chat-template-file read (real templates are a few KiB; GGUF keys hold them whole).
 TEMPLATE_FILE_BYTES = 1 << 20
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_cap(seconds: float):
+    """Raise _RenderTimeout in the block once it has run `seconds` (SIGALRM, ITIMER_REAL). Only in
+    the main thread and when no other real-time timer is set; elsewhere nothing is limited."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _address_space() -> int | None:
@@ -146,7 +177,7 @@ class ChatTemplate:
     --chat-template-file path. compile() parses it (cached); render(variables) runs it.
     Errors: SynapseError "chat template of ORIGIN, line N: ..." for a syntax error, a render
     error (undefined variable, type error, the template's raise_exception), a sandbox violation,
-    or a rendering that needs more than RENDER_MEMORY_BYTES of memory.
+    or a rendering that needs more than RENDER_MEMORY_BYTES of memory or RENDER_SECONDS.
     """
 
     def __init__(self, source: str, origin: str):
@@ -178,11 +209,14 @@ class ChatTemplate:
         """The template rendered with `variables`. Raises SynapseError naming the template line."""
         tmpl = self.compile()
         try:
-            with _memory_cap(RENDER_MEMORY_BYTES):
+            with _memory_cap(RENDER_MEMORY_BYTES), _time_cap(RENDER_SECONDS):
                 return tmpl.render(**variables)
         except MemoryError:
             raise SynapseError(f"chat template of {self.origin}: rendering it needs more than "
                                f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
+        except _RenderTimeout:
+            raise SynapseError(f"chat template of {self.origin}: rendering it takes more than "
+                               f"{RENDER_SECONDS:g} s") from None
         except _TemplateRaised as e:
             raise self._error(e, "raise_exception") from None
         except RecursionError as e:

@@ -252,6 +252,21 @@ def test_runaway_template_memory_is_an_error(monkeypatch):
     assert ChatTemplate("{{ messages | length }}", "ok").render({"messages": [1, 2]}) == "2"
 
 
+def test_runaway_template_time_is_an_error(monkeypatch):
+    # nested loops of 10^10 iterations would hang the chat; now a one-line error after RENDER_SECONDS
+    import signal
+
+    import synapse_nb.chat as chat
+
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 0.5)
+    t = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "t.jinja")
+    t0 = time.perf_counter()
+    with pytest.raises(SynapseError, match="t.jinja: rendering it takes more than 0.5 s"):
+        t.render({"messages": []})
+    assert time.perf_counter() - t0 < 10
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0 and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
 def test_template_file_device_empty_rendering_and_seed_in_json(tmp_path):
     real_model(SMOL)
     res = run(SMOL, "-st", "-p", "hi", "--chat-template-file", "/dev/zero")
