@@ -585,8 +585,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
                  no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
-                 prompt_opt,
-                 conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
+                 prompt_opt, conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
                  workers, ray_address, ppl, kld_base, kl_div, chunks, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -68,16 +67,6 @@ def _lines(f, what: str):
             raise SynapseError(f"{what} line {n}: longer than {LINE_BYTES >> 20} MiB")
         yield n, raw
 
-
-def _check_not_device(path, what: str) -> None:
-    """SynapseError unless path is missing, a regular file or a pipe (a device such as /dev/zero
-    or /dev/full, a directory or a socket is not a batch file)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return  # the open reports it
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-        raise SynapseError(f"{what} {path}: not a regular file")
 
 
 def _one_line(msg, limit: int = 500) -> str:
@@ -143,7 +132,9 @@ def read_inputs(path) -> list[dict]:
     ("prompt"/"tokens", "n_predict", sampling options) is checked when the line is decoded,
     and a bad value gives that line an "error" result.
     """
-    _check_not_device(path, "--batch")
+    from .inputs import check_regular_file
+
+    check_regular_file(path, "--batch", pipes=True)
     try:
         with open(path, "rb") as f:
             lines = list(_lines(f, f"--batch {path}"))
@@ -720,6 +711,7 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     """
     import fcntl
 
+    from .inputs import check_regular_file
     from .models import resolve_model
 
     model_path = resolve_model(model)
@@ -729,9 +721,7 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
         raise SynapseError(f"--output {out_path} is the model file; it is not overwritten")
     if os.path.isdir(out_path):
         raise SynapseError(f"--output {out_path} is a directory")
-    if os.path.exists(out_path) and not stat.S_ISREG(os.stat(out_path).st_mode):
-        raise SynapseError(f"--output {out_path}: not a regular file (results are appended to a file and resumed "
-                           f"from it)")
+    check_regular_file(out_path, "--output", why=" (results are appended to a file and resumed from it)")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
         raise SynapseError(f"--output {out_path}: no such directory")
     items = read_inputs(in_path)

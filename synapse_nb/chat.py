@@ -36,7 +36,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -359,9 +358,10 @@ def chat_renderer(tokenizer, chat_template: str | None = None, origin: str | Non
 def read_template_file(path: str) -> str:
     """--chat-template-file: the file's text (UTF-8, at most TEMPLATE_FILE_BYTES). Raises
     SynapseError naming the file (also for a device or a FIFO: only regular files are read)."""
+    from .inputs import check_regular_file
+
+    check_regular_file(path, "--chat-template-file")
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise SynapseError(f"--chat-template-file {path}: not a regular file")
         with open(path, "rb") as f:
             data = f.read(TEMPLATE_FILE_BYTES + 1)
     except OSError as e:

@@ -4,12 +4,14 @@ non-finite logits.
   prompt_byte_limit(tokenizer, n_ctx) -> int   the most prompt bytes n_ctx tokens could ever hold
   read_bounded(f, limit, what) -> bytes        at most limit bytes of a file / stdin, else SynapseError
   check_writable(dest, what)                   SynapseError unless a file can be created beside dest
+  check_regular_file(path, what)               SynapseError when path exists and is a device (/dev/zero) or such
   NonFiniteWatch                               notices the first NaN / inf logits row
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 import numpy as np
@@ -59,6 +61,19 @@ def check_writable(dest: str, what: str) -> None:
         raise SynapseError(f"{what} {dest}: cannot write in {d}: {e.strerror or e}") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def check_regular_file(path, what: str, pipes: bool = False, why: str = "") -> None:
+    """SynapseError "WHAT PATH: not a regular file" (+ why) when path exists and is not a regular
+    file (nor a FIFO, with pipes): a device such as /dev/zero or /dev/full is read without end or
+    takes no data, a FIFO opened for reading waits for a writer. A missing path passes (the open
+    that follows reports it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
+        raise SynapseError(f"{what} {path}: not a regular file{why}")
 
 
 class NonFiniteWatch:

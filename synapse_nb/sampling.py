@@ -206,6 +206,9 @@ def _softmax(c: _Cands, do_sort: bool) -> None:
 # The sampler
 # ---------------------------------------------------------------------------------------------
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _f32_param(name, value, finite=True):
     # a number (not a string, a bool or None: batch lines are JSON), within float32's range
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -216,9 +219,6 @@ def _f32_param(name, value, finite=True):
     if math.isfinite(v) and abs(v) > _F32_MAX:
         raise SynapseError(f"sampling: {name} {value!r} is out of float32's range")
     return _F32(v)
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _int_param(name, value, lo=None, hi=None):

@@ -134,6 +134,11 @@ def resolve_n_ctx(hp: HParams, n_ctx):
     return n_ctx
 
 
+def usable_threads(n_threads: int) -> int:
+    """The threads a Session runs n_threads (>= 1) as: at most Numba's pool (NUMBA_NUM_THREADS)."""
+    return min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
+
+
 def check_token_ids(ids, n_vocab: int, what: str = "tokens") -> None:
     """Raise SynapseError (naming `what`) unless every id is an integer in [0, n_vocab)."""
     for t in ids:
@@ -174,7 +179,7 @@ class Session:
         if n_threads is not None:
             if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
                 raise SynapseError(f"{model.path}: n_threads must be a positive integer, got {n_threads!r}")
-            n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
+            n_threads = usable_threads(n_threads)
         _configure_threads()
         self.model = model
         self.n_ctx = int(n_ctx)
