@@ -71,6 +71,16 @@ def _run(cmd, env=None, stdin=subprocess.DEVNULL) -> tuple[float, float, subproc
 
 # ------------------------------------------------------------------ our side, one child process per test
 
+def _timed_decode(s, tok: int, n_gen: int) -> float:
+    """tok/s of n_gen greedy single-token evals of Session s, starting from token tok."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        tok = int(np.argmax(s.eval([tok])))
+    return n_gen / (time.perf_counter() - t0)
+
+
 def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth: int, reps: int) -> dict:
     """In-process timing as llama-bench does it: a warm-up, then `reps` repetitions, each from an empty
     cache; pp = prefill of n_prompt tokens in 64-token batches, tg = n_gen single-token decodes after
@@ -97,12 +107,7 @@ def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth:
         else:
             if depth:
                 s.eval(rng.integers(0, n_vocab, depth).tolist())
-            tok = int(rng.integers(0, n_vocab))
-            t0 = time.perf_counter()
-            for _ in range(n_gen):
-                tok = int(np.argmax(s.eval([tok])))
-            dt = time.perf_counter() - t0
-            samples.append(n_gen / dt)
+            samples.append(_timed_decode(s, int(rng.integers(0, n_vocab)), n_gen))
     return {"tps": statistics.median(samples[1:])}
 
 
@@ -140,11 +145,7 @@ def child_scaling(model: str, threads: int, n_gen: int, reps: int) -> dict:
     def decode(t):
         numba.set_num_threads(t)
         s.reset()
-        tok = int(rng.integers(0, m.hparams.n_vocab))
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            tok = int(np.argmax(s.eval([tok])))
-        return n_gen / (time.perf_counter() - t0)
+        return _timed_decode(s, int(rng.integers(0, m.hparams.n_vocab)), n_gen)
 
     for t in (1, threads):  # warm-up: compile the read, wake the threads
         read_sum(buf, sums)
