@@ -11,6 +11,7 @@ is clear.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -157,8 +158,6 @@ def test_llama_cpp_option_values():
     for t in ("0", "-1", "100000"):  # all cores, and never more threads than that reported
         res = run(tiny, "--tokens", "1,2", "-n", "1", "-t", t, "--json")
         assert res.returncode == 0, res.stderr.decode()
-        import os
-
         assert json.loads(res.stdout)["timings"]["n_threads"] == os.cpu_count()
     a = run(tiny, "--tokens", "1,2", "-n", "4", "-t", "1")
     b = run("-m", tiny, "--tokens", "1,2", "-n", "4", "-t", "1", "-ngl", "99")
@@ -182,16 +181,14 @@ def test_unwritable_stdout_and_closed_streams():
             assert one_error_line(res) == "error: cannot write to standard output: No space left on device"
     res = subprocess.run([sys.executable, "-m", "cli.main", tiny, "hi", "-n", "2"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=300, cwd=ROOT,
-                         preexec_fn=lambda: __import__("os").close(1))
+                         preexec_fn=lambda: os.close(1))
     assert res.returncode == 2 and "standard output is closed" in one_error_line(res)
     res = subprocess.run([sys.executable, "-m", "cli.main", tiny, "-", "-n", "2"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, timeout=300, cwd=ROOT, preexec_fn=lambda: __import__("os").close(0))
+                         stderr=subprocess.PIPE, timeout=300, cwd=ROOT, preexec_fn=lambda: os.close(0))
     assert res.returncode == 2 and "standard input is closed" in one_error_line(res)
 
 
 def test_fifo_model_is_refused_not_waited_for(tmp_path):
-    import os
-
     fifo = tmp_path / "m.gguf"
     os.mkfifo(fifo)
     res = run(fifo, "hi", timeout=60)
