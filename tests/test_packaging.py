@@ -24,6 +24,8 @@ def test_wheel_contents(tmp_path):
     assert models_txt == (ROOT / "models.txt").read_text()  # the file itself, not a link
     assert "llama-decode = synapse_nb.cli.main:main" in entry_points
     assert {"synapse_nb/kernels/matmul.py", "synapse_nb/tokenizer/core.py"} <= names
+    # the server and its chat page (package data: a non-editable install serves it too)
+    assert {"synapse_nb/server/app.py", "synapse_nb/cli/server.py", "synapse_nb/server/static/index.html"} <= names
 
 
 def test_models_txt_found_by_the_package():
