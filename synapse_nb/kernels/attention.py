@@ -131,13 +131,13 @@ def _reduce_lanes64(r, acc, n):
 
 
 @njit(cache=True, error_model="numpy")
-def _qk_scores(sd, kg, qh, n_kv, head_dim_k, a, r):
-    """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for j < n_kv: lane l of 64 takes dims
-    i + l, by fma, kept for the 64 positions of one K tile at a time (a: scratch [64, 64], r:
-    [16, 64]); dims past the last 64-step are added in double. kg: one KV head's K tiles, uint16
-    [n_ctx / 64, head_dim_k, 64]."""
+def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
+    """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for c0 <= j < n_kv (c0 a multiple of
+    64): lane l of 64 takes dims i + l, by fma, kept for the 64 positions of one K tile at a time
+    (a: scratch [64, 64], r: [16, 64]); dims past the last 64-step are added in double. kg: one KV
+    head's K tiles, uint16 [n_ctx / 64, head_dim_k, 64]."""
     hd64 = head_dim_k - head_dim_k % 64
-    for c in range(0, n_kv, KT):
+    for c in range(c0, n_kv, KT):
         blk = c // KT
         nb = min(KT, n_kv - c)
         for l in range(64):
@@ -159,16 +159,18 @@ def _qk_scores(sd, kg, qh, n_kv, head_dim_k, a, r):
 
 
 @njit(cache=True, error_model="numpy")
-def _pv(out, t, o0, vg, w, n_kv, head_dim_v, b, rv):
+def _pv(out, t, o0, vg, w, c0, n_kv, head_dim_v, b, rv):
     """out[t, o0 + d] = V^T[d] . w (ggml_vec_dot_f16) for d < head_dim_v: lane l of 64 takes
     positions c + l, by fma (b: scratch [64, head_dim_v], rv: [16, head_dim_v]); cells past
-    n_kv add nothing. vg: one KV head's V, uint16 [64, n_ctx / 64, head_dim_v]."""
+    n_kv add nothing, nor do cells before c0 (a multiple of 64, below a sliding window: their
+    probability is 0, and fma(v, 0, acc) is acc). vg: one KV head's V, uint16 [64, n_ctx / 64,
+    head_dim_v]."""
     for l in range(64):
         for d in range(head_dim_v):
             b[l, d] = _F32(0.0)
     # Rows of V and of b as views, indexed by the loop counter alone: an index like v0 + d makes
     # Numba test it for wraparound on every element, which keeps LLVM from vectorizing (8x slower).
-    for c in range(0, n_kv, 64):
+    for c in range(c0, n_kv, 64):
         for l in range(min(64, n_kv - c)):
             wl = w[c + l]
             vr = vg[l, c // 64]
@@ -181,36 +183,54 @@ def _pv(out, t, o0, vg, w, n_kv, head_dim_v, b, rv):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th):
+def _window_start(p, n_swa):
+    """The first position query position p attends: p - n_swa + 1 under a sliding window of n_swa
+    (llama.cpp's LLAMA_SWA_TYPE_STANDARD masks cell p0 when p - p0 >= n_swa), else 0 (n_swa 0)."""
+    return max(0, p - n_swa + 1) if n_swa > 0 else 0
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa):
     """Attention of query head h for row t (th = t * n_head + h), reading KV head h // gqa; kc, vc:
-    one layer's cache (kv_shapes)."""
+    one layer's cache (kv_shapes); n_swa: the layer's sliding window (0: none).
+
+    Under a window, llama.cpp still runs its softmax and p.V over all n_kv cells, the masked
+    ones -inf (probability 0). The 16-lane chunks of the softmax sum and the 64 p.V lanes are
+    taken by cell index, so the work starts at lo64, the window start rounded down to 64, with
+    the scores in [lo64, lo) set to -inf: every chunk and lane sees what llama.cpp's sees, and the
+    cells before lo64 only add zeros."""
     gqa = n_head // n_head_kv
     t = th // n_head
     h = th % n_head
     kvh = h // gqa
     n_kv = pos0 + t + 1
+    lo = _window_start(pos0 + t, n_swa)
+    lo64 = lo // KT * KT
     n_kv16 = (n_kv + 15) // 16 * 16
     qh = np.empty(head_dim_k, np.float32)
-    w = np.empty(n_kv16, np.float32)  # scores, exp, then probabilities
+    w = np.empty(n_kv16, np.float32)  # scores, exp, then probabilities (from lo64 on)
     # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
     for i in range(head_dim_k):
         qh[i] = _f16_round(q[t, h * head_dim_k + i])
-    _qk_scores(w, kc[kvh], qh, n_kv, head_dim_k, np.empty((64, KT), np.float32), np.empty((16, KT), np.float32))
-    _softmax(w, 0, n_kv, kq_scale)
-    _pv(out, t, h * head_dim_v, vc[kvh], w, n_kv, head_dim_v,
+    _qk_scores(w, kc[kvh], qh, lo64, n_kv, head_dim_k, np.empty((64, KT), np.float32),
+               np.empty((16, KT), np.float32))
+    for j in range(lo64, lo):
+        w[j] = -np.inf
+    _softmax(w, lo64, n_kv - lo64, kq_scale)
+    _pv(out, t, h * head_dim_v, vc[kvh], w, lo64, n_kv, head_dim_v,
         np.empty((64, head_dim_v), np.float32), np.empty((16, head_dim_v), np.float32))
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in prange(q.shape[0] * n_head):
-        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
 
 
 @njit(cache=True, error_model="numpy")
-def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in range(q.shape[0] * n_head):
-        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -849,7 +869,7 @@ class VectorPlan(tuple):
 
 _ENTRY = """
 @njit(cache=True, error_model="numpy", parallel={parallel})
-def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, {n64}, {qa}, {qb}, {pa}, {pb})
 """
 _ENTRIES = {}
@@ -858,8 +878,9 @@ _ENTRIES = {}
 def vector_kernel(plan, parallel, decode):
     """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
     its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws) over arrays attention_rows has checked, ws a
-    Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
+    vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa) over arrays attention_rows has checked, ws a
+    Workspace's buf for plan. The vector kernels have no sliding window: n_swa must be 0 (a
+    Workspace made with swa=True has no plan, so models with a window take the per-head kernel). Generated on first use, as a small cached entry into which _decode
     or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
     the four it uses, each for its model's query counts only."""
     key = (tuple(plan), bool(parallel), bool(decode))
@@ -885,7 +906,7 @@ class Workspace:
     thread, a prefill item's (_ws_sizes); a few hundred KiB for the models we run. decode and
     prefill(tid) are views of buf, for tests and benchmarks."""
 
-    def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
+    def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v, swa=False):
         import numba
 
         T = numba.config.NUMBA_NUM_THREADS  # get_thread_id() < this
@@ -893,7 +914,8 @@ class Workspace:
         nd, npt, R = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
         self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
-        vector = vector_kernels_apply(head_dim_k, head_dim_v)
+        # swa: some layer has a sliding window, which only the per-head kernel takes
+        vector = vector_kernels_apply(head_dim_k, head_dim_v) and not swa
         self.plan = VectorPlan(n_head // n_head_kv, R, head_dim_k // 64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
         self.buf = np.zeros(nd + T * npt, np.float32)
@@ -922,7 +944,7 @@ def uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v):
     return work >= (DECODE_PARALLEL_MIN_WORK if n == 1 else PARALLEL_MIN_WORK)
 
 
-def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws=None):
+def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws=None, n_swa=0):
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
     out: float32 [N, n_head * head_dim_v]; q: float32 [N, n_head * head_dim_k] (after RoPE);
@@ -931,18 +953,19 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     h // (n_head / n_head_kv). ws: a Workspace for at least the cache's positions (made here when
     None). Every output is computed by the same operations in the same order whatever the thread
     count and the split of the work, and row t equals a one-row call at position pos0 + t bit for
-    bit. The caller guarantees the shapes and pos0 + N <= n_ctx.
+    bit. The caller guarantees the shapes and pos0 + N <= n_ctx. n_swa > 0: a sliding window,
+    row t attends positions pos0 + t - n_swa + 1 .. pos0 + t only (ws, if given, made with swa=True).
     """
     if ws is None:
-        ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
+        ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v, swa=n_swa > 0)
     kernel_for(ws, q.shape[0], pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
-                                                                    np.float32(kq_scale), ws.buf)
+                                                                    np.float32(kq_scale), ws.buf, n_swa)
 
 
 def kernel_for(ws, n, pos0, n_head, head_dim_k, head_dim_v):
     """The attention kernel attention_rows runs for n query rows at positions pos0..: on all
     threads when the Workspace's warm-up override or uses_parallel says so. A function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf) over arrays attention_rows has checked."""
+    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf, n_swa) over arrays attention_rows has checked."""
     par = ws.parallel_override.get(n == 1)
     if par is None:
         par = uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v)
@@ -958,15 +981,15 @@ def _entry(ws, par, decode):
 
 
 @njit(cache=True, error_model="numpy")
-def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes)."""
-    _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
+    _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
 @njit(cache=True, error_model="numpy")
-def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_par with the vector kernels' arguments (head dims from the cache's shapes)."""
-    _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
+    _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
 def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws, kinds):
@@ -977,4 +1000,4 @@ def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale,
         n = 1 if decode else 2
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
-        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf)
+        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf, 0)
