@@ -2,13 +2,13 @@
 
 Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/llama.cpp, qwen2.cpp,
 mistral3.cpp, gemma3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn),
-with flash attention off and an F16 KV cache. Gemma 3's extra steps (embeddings scaled by
-sqrt(n_embd), per-head Q/K RMS norms, post-attention / post-FFN norms, GEGLU, q scaled by
-f_attention_scale, the sliding window and the SWA layers' RoPE base) are recipe values of the
-HParams (hparams.py) that the layer loop reads, not an arch test. One forward over a batch of tokens: the embedding, the
-transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
+with flash attention off and an F16 KV cache. One forward over a batch of tokens: the embedding,
+the transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
 the head; every buffer is allocated once per session (ForwardState) and the KV cache once
-(KVCache).
+(KVCache). Gemma 3's extra steps (embeddings scaled by sqrt(n_embd), per-head Q/K RMS norms,
+post-attention / post-FFN norms, GEGLU, q scaled by f_attention_scale, the sliding window and the
+SWA layers' RoPE base) are recipe values of the HParams (hparams.py) that the layer loop reads,
+not an arch test.
 
 Where each number is rounded:
   - weights stay in their GGUF blocks; matmul/get_rows (synapse_nb.kernels) convert activations

@@ -879,10 +879,11 @@ def vector_kernel(plan, parallel, decode):
     """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
     its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
     vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa) over arrays attention_rows has checked, ws a
-    Workspace's buf for plan. The vector kernels have no sliding window: n_swa must be 0 (a
-    Workspace made with swa=True has no plan, so models with a window take the per-head kernel). Generated on first use, as a small cached entry into which _decode
+    Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
     or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
-    the four it uses, each for its model's query counts only."""
+    the four it uses, each for its model's query counts only. The vector kernels have no sliding
+    window: n_swa must be 0 (a Workspace made with swa=True has no plan, so a model with a window
+    takes the per-head kernel)."""
     key = (tuple(plan), bool(parallel), bool(decode))
     fn = _ENTRIES.get(key)
     if fn is None:
