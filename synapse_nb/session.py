@@ -98,7 +98,7 @@ class ForwardState:
         self.rope_swa = np.empty((n if hp.n_swa > 0 else 0, hp.n_rot), np.float32)
         self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
         # scratch of the attention kernels for n_ctx positions
-        self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, swa=hp.n_swa > 0)
+        self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
         self.abuf = None  # uint8 [7, n_batch * act_row_bytes]: converted activations (Model.forward)
 
     def activations(self, n: int) -> tuple:

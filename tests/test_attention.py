@@ -147,13 +147,14 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
 
 # Shapes: SmolLM2 (9/3), Qwen2.5 (14/2), tiny hd128 (4/1), no GQA (4/4), 16 query heads on one KV
 # head (more than one q.k / p.V chunk), 6/2 at hd 128 (two 64-channel p.V blocks).
-@pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (14, 2, 64), (4, 1, 128), (4, 4, 64), (16, 1, 64),
-                                                 (6, 2, 128)])
-def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n_head_kv, hd):
+@pytest.mark.parametrize("n_head,n_head_kv,hd,n_swa", [(9, 3, 64, 0), (14, 2, 64, 0), (4, 1, 128, 0), (4, 4, 64, 0),
+                                                       (16, 1, 64, 0), (6, 2, 128, 0), (4, 1, 256, 0), (4, 1, 256, 100),
+                                                       (9, 3, 64, 130)])
+def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n_head_kv, hd, n_swa):
     """The vector kernels against the per-head kernel, bit for bit: decode rows (three parallel
     loops) and prefill blocks of every size, at positions and batch lengths crossing the 64-position
     tiles, at 1 and 2 threads, serial and parallel drivers, and a row of a batch equal to the
-    same row alone."""
+    same row alone; Gemma 3's heads (4/1 of 256), with and without a sliding window of n_swa."""
     assert A.vector_kernels_apply(hd, hd)
     rng = np.random.default_rng(n_head * hd)
     n_ctx = 448
@@ -166,24 +167,24 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
     for pos0, n in cases:
         q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
         ref = np.empty((n, n_head * hd), np.float32)
-        A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, 0)
+        A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, n_swa)
         for nt in (1, 2):
             numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, 0)
+                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)
                 A.vector_kernel(ws.plan, True, False)(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale,
-                                               ws.buf, 0)
+                                               ws.buf, n_swa)
                 assert np.array_equal(two[1].view(np.uint32), ref[0].view(np.uint32)), (pos0, nt)
             out = np.full_like(ref, np.nan)
-            A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws)
+            A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws, n_swa=n_swa)
             assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt)
         t = n - 1  # the batch's last row, alone as a decode row
         one = np.full((1, n_head * hd), np.nan, np.float32)
-        A.attention_rows(one, q[t:], kc, vc, pos0 + t, n_head, n_head_kv, hd, hd, scale, ws)
+        A.attention_rows(one, q[t:], kc, vc, pos0 + t, n_head, n_head_kv, hd, hd, scale, ws, n_swa=n_swa)
         assert np.array_equal(one[0].view(np.uint32), ref[t].view(np.uint32))
 
 
@@ -253,10 +254,9 @@ def test_sliding_window_attends_the_window_only(threads, hd):
     kc, vc = _random_cache(rng, 1024, n_head_kv, hd)
     scale = np.float32(1.0)
     q = (rng.standard_normal((n, n_head * hd)) * 0.0625).astype(np.float32)
-    ws = A.Workspace(1024, n_head, n_head_kv, hd, hd, swa=True)
-    assert ws.plan is None  # the per-head kernel takes windows
+    ws = A.Workspace(1024, n_head, n_head_kv, hd, hd)
 
-    def run(kc, vc, w=n_swa, rows=None):
+    def run(kc, vc, w=n_swa):
         out = np.empty((n, n_head * hd), np.float32)
         A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws, n_swa=w)
         return out.view(np.uint32)

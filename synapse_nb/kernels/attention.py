@@ -667,11 +667,11 @@ def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
 
 
 @njit(cache=True, error_model="numpy")
-def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv, pa, pb):
+def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
-    lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, into acc (float32
-    [n_head, 64, hd_v]). wf: the probabilities [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v],
-    all flat."""
+    lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, from step m0 (a sliding
+    window's first tile; 0 without), into acc (float32 [n_head, 64, hd_v]). wf: the probabilities
+    [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v], all flat."""
     cs = _chunk(gqa, PV_MAX_Q4)
     for l in range(quarter * 16, quarter * 16 + 16):
         for cb in range(0, hd_v, 64):
@@ -679,31 +679,36 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv, pa, pb):
             for hc in range(0, gqa, cs):
                 h = g * gqa + hc
                 _pv_q(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
-                      0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
+                      m0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """One row at position pos0 (out, q: [1, ...]), in three loops over independent items (parallel
-    in a parallel entry, see vector_kernel). ws: Workspace.buf; n64, qa, qb, pa, pb: the
+    in a parallel entry, see vector_kernel). ws: Workspace.buf; n_swa: the sliding window (0:
+    none; the work starts at its start's tile, as _attend_head's); n64, qa, qb, pa, pb: the
     VectorPlan's literals."""
     qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
     gqa = n_head // n_head_kv
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     n_kv = pos0 + 1
+    lo = _window_start(pos0, n_swa)
+    blk0 = lo // KT
     nblk = (n_kv + KT - 1) // KT
-    nqk = (nblk + QK_TILES - 1) // QK_TILES
+    nqk = (nblk - blk0 + QK_TILES - 1) // QK_TILES
     nctx64 = scd.shape[1]
     kf, vf, qf, scf, accf, orow = kc.ravel(), vc.ravel(), qd.ravel(), scd.ravel(), accd.ravel(), out[0]
     for i in range(n_head * hd_k):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
         qf[i] = _f16_round(q[0, i])
     for it in prange(n_head_kv * nqk):
-        b0 = (it % nqk) * QK_TILES
+        b0 = blk0 + (it % nqk) * QK_TILES
         _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64, qa, qb)
     for h in prange(n_head):
-        _softmax(scf, h * nctx64, n_kv, kq_scale)
+        for j in range(blk0 * KT, lo):  # below the window: probability 0, as llama.cpp's -inf mask
+            scf[h * nctx64 + j] = -np.inf
+        _softmax(scf, h * nctx64 + blk0 * KT, n_kv - blk0 * KT, kq_scale)
     for it in prange(n_head_kv * 4):
-        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, n_kv, pa, pb)
+        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, blk0, n_kv, pa, pb)
     for h in range(n_head):  # the 64-lane reductions (a few hundred vector adds)
         for d in range(0, hd_v, 16):
             reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
@@ -717,7 +722,7 @@ def _row_block(j, nrb):
 
 
 @njit(cache=True, error_model="numpy")
-def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, g, b, rb,
+def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb,
                   qw, sc, acc, n64, qa, qb, pa, pb):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
     queries r = (t - t0) * gqa + hh (head g * gqa + hh). q.k of every query on each K tile up to
@@ -727,7 +732,10 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
     [R, nctx64], acc [R, 64, 64]. q.k and the shared p.V steps always take all R = rb * gqa
     queries, as a full block does: a short last block's extra queries (stale scratch rows) are
     computed and never read, so the query counts are the plan's (qa, qb, pa, pb) in every block.
-    Each query's operations do not depend on the others it is computed with."""
+    Each query's operations do not depend on the others it is computed with. Under a sliding
+    window (n_swa > 0) everything starts at the tile of the first row's window start (the block's
+    lowest), each row's scores below its own window start set to -inf: every row sees the cells
+    _attend_head sees, and zeros before them, which add nothing."""
     n = q.shape[0]
     gqa = n_head // n_head_kv
     R = qw.shape[0]
@@ -742,12 +750,17 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
         for i in range(hd_k):
             qr[i] = _f16_round(q[t, h * hd_k + i])
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
+    blk0 = _window_start(pos0 + t0, n_swa) // KT
+    lo64 = blk0 * KT
     cs = _chunk(R, QK_MAX_Q)
     for r0 in range(0, R, cs):
-        _qk_tiles(scf, r0 * nctx64, nctx64, kf, g * nt * hd_k * KT, qwf, r0 * hd_k, hd_k, min(cs, R - r0),
-                  (n_max + KT - 1) // KT, qa, qb, n64)
+        _qk_tiles(scf, r0 * nctx64 + lo64, nctx64, kf, (g * nt + blk0) * hd_k * KT, qwf, r0 * hd_k, hd_k,
+                  min(cs, R - r0), (n_max + KT - 1) // KT - blk0, qa, qb, n64)
     for r in range(nr):
-        _softmax(scf, r * nctx64, pos0 + t0 + r // gqa + 1, kq_scale)
+        p = pos0 + t0 + r // gqa
+        for j in range(lo64, _window_start(p, n_swa)):
+            sc[r, j] = -np.inf
+        _softmax(scf, r * nctx64 + lo64, p + 1 - lo64, kq_scale)
     cs = _chunk(R, PV_MAX_Q4)
     cr = _chunk(gqa, PV_MAX_Q4)
     ls = acc.shape[2]  # 64 channels of one lane
@@ -757,7 +770,7 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
             m_all = _lane_steps(n_min, l)
             for r0 in range(0, R, cs):
                 _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                      0, m_all, min(cs, R - r0), pa, pb)
+                      blk0, m_all, min(cs, R - r0), pa, pb)
             for t in range(t0 + 1, t1):  # later rows: their steps past the first row's position
                 m_t = _lane_steps(pos0 + t + 1, l)
                 if m_t > m_all:
@@ -813,7 +826,7 @@ def _prefill_blocks(q, n_head, n_head_kv):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """A prefill batch (q: N > 1 rows) as independent (KV head, row block) items over the threads,
     each on its thread's scratch (results do not depend on which thread it is); arguments as
     _decode's."""
@@ -822,12 +835,12 @@ def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa,
     kf, vf = kc.ravel(), vc.ravel()
     for it in prange(n_head_kv * nrb):
         qw, sc, acc = _ws_thread(ws, get_thread_id(), n_head, n_head_kv, kc, vc)
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
                       _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """The same items in order on the calling thread (for work too small to wake the others). (No
     get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
     qw, sc, acc = _ws_thread(ws, 0, n_head, n_head_kv, kc, vc)
@@ -835,7 +848,7 @@ def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa,
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in range(n_head_kv * nrb):
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
                       _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
@@ -870,7 +883,7 @@ class VectorPlan(tuple):
 _ENTRY = """
 @njit(cache=True, error_model="numpy", parallel={parallel})
 def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
-    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, {n64}, {qa}, {qb}, {pa}, {pb})
+    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
 """
 _ENTRIES = {}
 
@@ -881,9 +894,7 @@ def vector_kernel(plan, parallel, decode):
     vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa) over arrays attention_rows has checked, ws a
     Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
     or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
-    the four it uses, each for its model's query counts only. The vector kernels have no sliding
-    window: n_swa must be 0 (a Workspace made with swa=True has no plan, so a model with a window
-    takes the per-head kernel)."""
+    the four it uses, each for its model's query counts only."""
     key = (tuple(plan), bool(parallel), bool(decode))
     fn = _ENTRIES.get(key)
     if fn is None:
@@ -898,7 +909,7 @@ def vector_kernel(plan, parallel, decode):
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
     """Whether the vector kernels take these head dims (else the per-head kernel does)."""
-    return head_dim_k in (64, 128) and head_dim_v % 64 == 0
+    return head_dim_k in (64, 128, 256) and head_dim_v % 64 == 0
 
 
 class Workspace:
@@ -907,7 +918,7 @@ class Workspace:
     thread, a prefill item's (_ws_sizes); a few hundred KiB for the models we run. decode and
     prefill(tid) are views of buf, for tests and benchmarks."""
 
-    def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v, swa=False):
+    def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
         import numba
 
         T = numba.config.NUMBA_NUM_THREADS  # get_thread_id() < this
@@ -915,8 +926,7 @@ class Workspace:
         nd, npt, R = _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64)
         self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
-        # swa: some layer has a sliding window, which only the per-head kernel takes
-        vector = vector_kernels_apply(head_dim_k, head_dim_v) and not swa
+        vector = vector_kernels_apply(head_dim_k, head_dim_v)
         self.plan = VectorPlan(n_head // n_head_kv, R, head_dim_k // 64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
         self.buf = np.zeros(nd + T * npt, np.float32)
@@ -955,10 +965,10 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     None). Every output is computed by the same operations in the same order whatever the thread
     count and the split of the work, and row t equals a one-row call at position pos0 + t bit for
     bit. The caller guarantees the shapes and pos0 + N <= n_ctx. n_swa > 0: a sliding window,
-    row t attends positions pos0 + t - n_swa + 1 .. pos0 + t only (ws, if given, made with swa=True).
+    row t attends positions pos0 + t - n_swa + 1 .. pos0 + t only.
     """
     if ws is None:
-        ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v, swa=n_swa > 0)
+        ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
     kernel_for(ws, q.shape[0], pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
                                                                     np.float32(kq_scale), ws.buf, n_swa)
 
