@@ -117,7 +117,8 @@ def main():
                 old = A._attention_par if nt > 1 else A._attention_ser
                 reps = a.reps if n == 1 else max(2, a.reps // 3)
                 few = caches[:4]  # the per-head kernel is slow: 4 layers
-                t_old = best(lambda: [old(out, q, kc, vc, pos, nh, nkv, hd, hd, scale) for kc, vc in few], reps) / len(few)
+                t_old = best(lambda: [old(out, q, kc, vc, pos, nh, nkv, hd, hd, scale, 0) for kc, vc in few],
+                             reps) / len(few)
                 t_new = best(lambda: [A.attention_rows(out, q, kc, vc, pos, nh, nkv, hd, hd, scale, ws)
                                       for kc, vc in caches], reps) / len(caches)
                 print(f"{name:8s} {'decode row' if n == 1 else f'prefill {n} rows'} at n_kv {pos + n}, {nt} thread(s): "

@@ -565,7 +565,7 @@ def bases(which: str) -> list[tuple[Path, str, int]]:
         return [(MICRO, "model", 1)]
     out = [(p, "model", 3) for p in sorted((DATA / "tiny").glob("*.gguf"))]
     # vocabularies weighted by speed (the big BPE ones load in 0.3-0.5 s)
-    vw = {"ggml-vocab-llama-bpe": 1, "ggml-vocab-mistral-tekken": 1, "ggml-vocab-qwen2": 2}
+    vw = {"ggml-vocab-llama-bpe": 1, "ggml-vocab-mistral-tekken": 1, "ggml-vocab-qwen2": 2, "ggml-vocab-gemma3": 1}
     out += [(p, "vocab", vw.get(p.stem, 4)) for p in sorted((DATA / "vocab").glob("*.gguf"))]
     return out
 

@@ -375,7 +375,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json, verbose, chat,
           sampling=None):
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
-    from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
+    from synapse_nb.chat import chat_renderer, has_chat_template, read_template_file, run_conversation
     from synapse_nb.model import load_model
     from synapse_nb.session import Session, resolve_n_ctx, warmup as session_warmup
     from synapse_nb.models import resolve_model
@@ -395,6 +395,10 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
 
         first = _read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
+    if template is None and not has_chat_template(model.tokenizer):
+        # llama-cli's warning when a conversation is forced without the model's own template
+        _log("warning: the model has no chat template: using llama.cpp's ChatML fallback, which may give "
+             "suboptimal responses (--chat-template-file FILE gives one)")
     session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
     n_threads = session.n_threads
     _warn_n_ctx(n_ctx, hp)

@@ -316,16 +316,35 @@ def special_texts(tokenizer) -> tuple[str, str]:
     return out[0], out[1]
 
 
+# llama.cpp's fallback for a model without a chat template (common/chat.cpp CHATML_TEMPLATE_SRC,
+# taken by common_chat_templates_init when the GGUF has none or its template is the string "chatml")
+CHATML_TEMPLATE_SRC = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether the GGUF has its own chat template (llama.cpp's common_chat_templates_was_explicit):
+    without one, chat_template_of falls back to ChatML, as llama.cpp does."""
+    src = getattr(tokenizer, "chat_template", None)
+    return src is not None and src != "" and src != "chatml"
+
+
 def chat_template_of(tokenizer, chat_template: str | None = None, origin: str | None = None) -> ChatTemplate:
     """The ChatTemplate to use: `chat_template` (an override's text) or the tokenizer's GGUF template
-    (cached on the tokenizer). Raises SynapseError naming --chat-template-file when there is none."""
+    (cached on the tokenizer); for a GGUF without one (or whose template is the string "chatml"),
+    llama.cpp's ChatML fallback (CHATML_TEMPLATE_SRC), as common_chat_templates_init picks it."""
     if chat_template is not None:
         return ChatTemplate(chat_template, origin or "the given template")
     src = getattr(tokenizer, "chat_template", None)
     name = getattr(tokenizer, "source_name", "") or "the model"
-    if src is None:
-        raise SynapseError(f"{name} has no chat template (no tokenizer.chat_template key); give one with "
-                           f"--chat-template-file FILE")
+    if not has_chat_template(tokenizer):
+        return ChatTemplate(CHATML_TEMPLATE_SRC, f"llama.cpp's ChatML fallback ({name} has no chat template)")
     cached = getattr(tokenizer, "_chat_template_obj", None)
     if cached is not None and cached[0] is src:  # parsed once per template text
         return cached[1]

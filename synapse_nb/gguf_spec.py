@@ -117,6 +117,7 @@ class Keys:
         HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
         KEY_LENGTH = "{arch}.attention.key_length"
         LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
+        SLIDING_WINDOW = "{arch}.attention.sliding_window"
         TEMPERATURE_SCALE = "{arch}.attention.temperature_scale"
         VALUE_LENGTH = "{arch}.attention.value_length"
 

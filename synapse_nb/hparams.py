@@ -1,7 +1,7 @@
 """HParams: the model hyper-parameters, read from GGUF keys as llama.cpp reads them.
 
 Sources reproduced (llama.cpp src/): llama-model.cpp llama_model::load_hparams
-(generic keys, then the LLM_ARCH_LLAMA / QWEN2 / MISTRAL3 cases) and
+(generic keys, then the LLM_ARCH_LLAMA / QWEN2 / MISTRAL3 / GEMMA3 cases) and
 llama_model_rope_type; llama-hparams.h (defaults); llama-context.cpp
 llama_context::llama_context (the effective rope/YaRN parameters a context
 derives from them when the user overrides nothing); llama-model.cpp
@@ -24,8 +24,13 @@ from .formats import weight_formats
 from .gguf_file import REQUIRED, GGUFFile, _show
 
 # llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
-# QWEN2 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
-ROPE_TYPE = {"llama": "norm", "mistral3": "norm", "qwen2": "neox"}
+# QWEN2 and GEMMA3 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
+ROPE_TYPE = {"llama": "norm", "mistral3": "norm", "qwen2": "neox", "gemma3": "neox"}
+# llama-model.cpp LLM_ARCH_GEMMA3: hparams.set_swa_pattern(6) (every 6th layer full, the others
+# sliding-window: llama_hparams::is_swa(il) = il % 6 < 5) and the SWA layers' RoPE base 10000,
+# scale 1 (rope_freq_base_train_swa / rope_freq_scale_train_swa; no GGUF key for either)
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_ROPE_FREQ_BASE_SWA = 10000.0
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cpp, not supported here
 
 # ggml types the kernels can multiply / look up: the weight formats of synapse_nb.formats' table
@@ -38,7 +43,7 @@ VECTOR_TYPES = frozenset({"F32", "F16"})
 
 @dataclass(frozen=True)
 class HParams:
-    """Hyper-parameters of a llama / qwen2 / mistral3 GGUF model.
+    """Hyper-parameters of a llama / qwen2 / mistral3 / gemma3 GGUF model.
 
     Integers are counts or lengths in elements; floats are the float32 values
     stored in the file (or float32 results, as llama.cpp computes them).
@@ -54,7 +59,7 @@ class HParams:
     head_dim_v          {arch}.attention.value_length (default n_embd // n_head)
     n_ff                {arch}.feed_forward_length (required)
     n_ctx_train         {arch}.context_length (required)
-    rms_eps             {arch}.attention.layer_norm_rms_epsilon (required for all three archs)
+    rms_eps             {arch}.attention.layer_norm_rms_epsilon (required for every arch)
     rope_type           "norm" (llama, mistral3) or "neox" (qwen2): llama_model_rope_type
     n_rot               {arch}.rope.dimension_count (default head_dim_k); must equal head_dim_k
                         (llama.cpp checks it for llama; the llama/qwen2/mistral3 graphs assert it)
@@ -88,6 +93,23 @@ class HParams:
     tied_output         no output.weight tensor: the output projection is token_embd
     has_bias_qkv        attn_q/attn_k/attn_v biases present (every layer; required for qwen2)
     has_bias_o          attn_output bias present (every layer; llama/mistral3 only)
+
+    The gemma3 recipe (llama.cpp's LLM_ARCH_GEMMA3 hparams and llm_build_gemma3; defaults: off):
+    n_swa               {arch}.attention.sliding_window (required, > 0, for gemma3): a query at p
+                        attends p - n_swa + 1 .. p on the SWA layers (LLAMA_SWA_TYPE_STANDARD)
+    swa_layers          per layer, True for a sliding-window layer: il % 6 < 5 (set_swa_pattern(6))
+    rope_freq_base_swa  RoPE base of the SWA layers: 10000 (rope_freq_base_train_swa)
+    rope_freq_scale_swa RoPE frequency scale of the SWA layers: 1 (rope_freq_scale_train_swa)
+    attn_scale          f_attention_scale, float32: q is multiplied by it after RoPE and the
+                        softmax scale is 1 (0: none, the softmax scale is 1/sqrt(head_dim_k));
+                        gemma3: 1/sqrtf(n_embd / n_head) for the 27B (62 layers), else
+                        1/sqrtf(head_dim_k)
+    embd_scale          float32 sqrtf(n_embd): the token embeddings are multiplied by it (0: none)
+    has_qk_norm         RMS norms on each head of q and k after the projections (attn_q_norm,
+                        attn_k_norm: [head_dim_k] per layer)
+    has_post_norms      RMS norms on the attention and FFN outputs before their residual adds
+                        (post_attention_norm, post_ffw_norm)
+    ffn_act             "silu" (SwiGLU: silu(gate) * up) or "gelu" (GEGLU: ggml's GELU of gate * up)
     """
 
     arch: str
@@ -119,11 +141,24 @@ class HParams:
     tied_output: bool
     has_bias_qkv: bool
     has_bias_o: bool
+    n_swa: int = 0
+    swa_layers: tuple = ()
+    rope_freq_base_swa: float = 0.0
+    rope_freq_scale_swa: float = 1.0
+    attn_scale: float = 0.0
+    embd_scale: float = 0.0
+    has_qk_norm: bool = False
+    has_post_norms: bool = False
+    ffn_act: str = "silu"
 
     @property
     def n_gqa(self) -> int:
         """Query heads per KV head (n_head // n_head_kv)."""
         return self.n_head // self.n_head_kv
+
+    def is_swa(self, il: int) -> bool:
+        """Whether layer il attends through the sliding window (llama_hparams::is_swa)."""
+        return self.n_swa > 0 and bool(self.swa_layers[il])
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> HParams:
@@ -227,6 +262,25 @@ class HParams:
         if not n_vocab:
             n_vocab = len(tokens) if tokens is not None else g.tensor("token_embd.weight").shape[0]
 
+        gemma = {}
+        if arch == "gemma3":
+            n_swa = key.integer(Keys.Attention.SLIDING_WINDOW)
+            if n_swa <= 0:
+                raise SynapseError(f"{g.path}: key {Keys.Attention.SLIDING_WINDOW.format(arch=arch)} = {n_swa}: gemma3 "
+                                   f"without a sliding window is not supported")
+            # llm_type 27B (62 layers) scales q by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
+            d = n_embd // n_head if n_layer == 62 else head_dim_k
+            gemma = dict(
+                n_swa=n_swa,
+                swa_layers=tuple(il % GEMMA3_SWA_PATTERN < GEMMA3_SWA_PATTERN - 1 for il in range(n_layer)),
+                rope_freq_base_swa=GEMMA3_ROPE_FREQ_BASE_SWA,
+                rope_freq_scale_swa=1.0,
+                attn_scale=float(f32(1.0) / np.sqrt(f32(d))),
+                embd_scale=float(np.sqrt(f32(n_embd))),
+                has_qk_norm=True,
+                has_post_norms=True,
+                ffn_act="gelu",
+            )
         t = g.tensors
         hp = cls(
             arch=arch,
@@ -258,6 +312,7 @@ class HParams:
             tied_output="output.weight" not in t,
             has_bias_qkv="blk.0.attn_q.bias" in t,
             has_bias_o="blk.0.attn_output.bias" in t,
+            **gemma,
         )
         validate_tensors(g, hp)
         return hp
@@ -292,19 +347,21 @@ def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     """name -> (shape in numpy order, required) for every tensor an arch may have.
 
     From llama-model.cpp load_tensors (LLM_ARCH_LLAMA / MISTRAL3 share one list;
-    QWEN2 requires Q/K/V biases and has no attn_output bias or rope_freqs).
+    QWEN2 requires Q/K/V biases and has no attn_output bias or rope_freqs; GEMMA3 has no biases
+    nor rope_freqs, and per-head Q/K norms and post-attention / post-FFN norms).
     """
     E, F, L = hp.n_embd, hp.n_ff, hp.n_layer
     q, kv, o = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head * hp.head_dim_v
     v = hp.n_head_kv * hp.head_dim_v
     qwen2 = hp.arch == "qwen2"
+    gemma3 = hp.arch == "gemma3"
     bias_qkv = qwen2 or hp.has_bias_qkv
     exp = {
         "token_embd.weight": ((hp.n_vocab, E), True),
         "output_norm.weight": ((E,), True),
         "output.weight": ((hp.n_vocab, E), False),
     }
-    if not qwen2:
+    if not qwen2 and not gemma3:
         exp["rope_freqs.weight"] = ((hp.n_rot // 2,), False)
     for i in range(L):
         b = f"blk.{i}."
@@ -319,6 +376,14 @@ def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "ffn_up.weight": ((F, E), True),
             b + "ffn_down.weight": ((E, F), True),
         })
+        if gemma3:
+            exp.update({
+                b + "attn_q_norm.weight": ((hp.head_dim_k,), True),
+                b + "attn_k_norm.weight": ((hp.head_dim_k,), True),
+                b + "post_attention_norm.weight": ((E,), True),
+                b + "post_ffw_norm.weight": ((E,), True),
+            })
+            continue
         # Biases: all-or-none, like layer 0 (has_bias_*), so the graph can rely on the flags.
         for name, shape in (("attn_q.bias", (q,)), ("attn_k.bias", (kv,)), ("attn_v.bias", (v,))):
             exp[b + name] = (shape, True) if bias_qkv else None

@@ -1,11 +1,14 @@
-"""The Llama-family graph (arch llama, qwen2, mistral3) as llama.cpp's CPU backend runs it.
+"""The Llama-family graph (arch llama, qwen2, mistral3, gemma3) as llama.cpp's CPU backend runs it.
 
 Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/llama.cpp, qwen2.cpp,
-mistral3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn), with flash
-attention off and an F16 KV cache. One forward over a batch of tokens: the embedding, the
-transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
+mistral3.cpp, gemma3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn),
+with flash attention off and an F16 KV cache. One forward over a batch of tokens: the embedding,
+the transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
 the head; every buffer is allocated once per session (ForwardState) and the KV cache once
-(KVCache).
+(KVCache). Gemma 3's extra steps (embeddings scaled by sqrt(n_embd), per-head Q/K RMS norms,
+post-attention / post-FFN norms, GEGLU, q scaled by f_attention_scale, the sliding window and the
+SWA layers' RoPE base) are recipe values of the HParams (hparams.py) that the layer loop reads,
+not an arch test.
 
 Where each number is rounded:
   - weights stay in their GGUF blocks; matmul/get_rows (synapse_nb.kernels) convert activations
@@ -68,6 +71,10 @@ class LayerWeights:
     w_gate: BoundWeight  # (n_ff, n_embd)
     w_up: BoundWeight  # (n_ff, n_embd)
     w_down: BoundWeight  # (n_embd, n_ff)
+    q_norm: np.ndarray | None = None  # gemma3: float32 [head_dim_k], RMS norm of each q head
+    k_norm: np.ndarray | None = None  # gemma3: float32 [head_dim_k], of each k head
+    post_attn_norm: np.ndarray | None = None  # gemma3: float32 [n_embd], on the attention output
+    post_ffn_norm: np.ndarray | None = None  # gemma3: float32 [n_embd], on the FFN output
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,10 @@ class Weights:
                 w_gate=bind(g.tensor(b + "ffn_gate.weight")),
                 w_up=bind(g.tensor(b + "ffn_up.weight")),
                 w_down=bind(g.tensor(b + "ffn_down.weight")),
+                q_norm=_f32_vector(g, b + "attn_q_norm.weight", hp.head_dim_k) if hp.has_qk_norm else None,
+                k_norm=_f32_vector(g, b + "attn_k_norm.weight", hp.head_dim_k) if hp.has_qk_norm else None,
+                post_attn_norm=_f32_vector(g, b + "post_attention_norm.weight", E) if hp.has_post_norms else None,
+                post_ffn_norm=_f32_vector(g, b + "post_ffw_norm.weight", E) if hp.has_post_norms else None,
             ))
         tok_embd = bind(g.tensor("token_embd.weight"))
         return cls(
@@ -136,7 +147,18 @@ class Model:
         lo, hi = _ops.rope_corr_dims(hp.n_rot, hp.yarn_orig_ctx, f32(hp.rope_freq_base),
                                      f32(hp.yarn_beta_fast), f32(hp.yarn_beta_slow))
         self._corr_dims = (f32(lo), f32(hi))
-        self._kq_scale = f32(1.0) / f32(math.sqrt(f32(hp.head_dim_k)))  # 1.0f/sqrtf(float(n_embd_head))
+        # The SWA layers' RoPE (gemma3: llama_model::get_rope_freq_base / _scale of an SWA layer)
+        if hp.n_swa > 0:
+            self._theta_scale_swa = _ops.rope_theta_scale(f32(hp.rope_freq_base_swa), hp.n_rot)
+            lo, hi = _ops.rope_corr_dims(hp.n_rot, hp.yarn_orig_ctx, f32(hp.rope_freq_base_swa),
+                                         f32(hp.yarn_beta_fast), f32(hp.yarn_beta_slow))
+            self._corr_dims_swa = (f32(lo), f32(hi))
+        if hp.attn_scale != 0.0:
+            # gemma3: q *= f_attention_scale before build_attn, whose kq_scale is 1.0f
+            self._q_scale, self._kq_scale = f32(hp.attn_scale), f32(1.0)
+        else:
+            self._q_scale = f32(0.0)
+            self._kq_scale = f32(1.0) / f32(math.sqrt(f32(hp.head_dim_k)))  # 1.0f/sqrtf(float(n_embd_head))
 
     @property
     def tokenizer(self):
@@ -157,6 +179,10 @@ class Model:
         _ops.rope_cache(st.rope[:n], pos, hp.n_rot, self._theta_scale, f32(hp.rope_freq_scale),
                         self.weights.rope_freqs, f32(hp.yarn_ext_factor), f32(hp.yarn_attn_factor),
                         self._corr_dims[0], self._corr_dims[1])
+        if hp.n_swa > 0:  # the SWA layers' table (their own base and scale)
+            _ops.rope_cache(st.rope_swa[:n], pos, hp.n_rot, self._theta_scale_swa, f32(hp.rope_freq_scale_swa),
+                            self.weights.rope_freqs, f32(hp.yarn_ext_factor), f32(hp.yarn_attn_factor),
+                            self._corr_dims_swa[0], self._corr_dims_swa[1])
         if hp.attn_temp_scale != 0.0:
             # llm_graph_input_attn_temp::set_input: float position, float division by the floor
             # length, then log(floor(.) + 1.0) * scale + 1.0 in double, stored as float
@@ -198,8 +224,9 @@ class Model:
         slot (k_slots, v_slots: uint16 [n_slot, n_layer, ...], KVCache's arrays per slot; each
         slot at most once, n_past + count <= its n_ctx: the caller checks). out_rows: int64
         indices into the batch of the rows whose logits are wanted (none: the last layer stops
-        after its K/V). Returns float32 [len(out_rows), n_vocab]. Each row's logits and K/V are the bits of the same tokens run
-        alone (Model.forward): no row's arithmetic depends on another sequence's rows.
+        after its K/V). Returns float32 [len(out_rows), n_vocab]. Each row's logits and K/V are the
+        bits of the same tokens run alone (Model.forward): no row's arithmetic depends on another
+        sequence's rows.
         """
         hp = self.hparams
         tabs = self._graph_tables()
@@ -235,6 +262,9 @@ class Model:
         # Bound weights do not re-validate: tokens (int64, in range) and the buffers' shapes are
         # guaranteed by the caller and ForwardState.
         self.weights.tok_embd.get_rows(tokens, acts[0])
+        if self.hparams.embd_scale != 0.0:
+            # gemma3: ggml_scale(inpL, sqrtf(n_embd)), one float product per value
+            acts[0][...] *= np.float32(self.hparams.embd_scale)
         # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
         self._position_inputs(st, pos)
         # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
@@ -257,7 +287,8 @@ class Model:
             st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
         return (*acts, st.rope[:n], st.temp[:n], st.abuf, mt, rk, tabs.norms, *tabs.biases, kc, vc,
                 st.attn_ws.buf, segs, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot, hp.rope_type == "neox",
-                np.float32(hp.rms_eps), self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
+                np.float32(hp.rms_eps), self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits,
+                tabs.qk_norms, tabs.post_norms, tabs.swa, st.rope_swa[:n], self._q_scale, tabs.gelu_table)
 
     def compile_layers(self, st: ForwardState, cache: KVCache) -> None:
         """Compile (or load from the cache) graph.layers for this model's forwards, without running
@@ -274,14 +305,14 @@ class Model:
 
     def _graph_tables(self) -> _graph.Tables:
         if self._tables is None:
-            self._tables = _graph.Tables(self.weights.layers)
+            self._tables = _graph.Tables(self.weights.layers, self.hparams)
         return self._tables
 
 
 def load_model(path) -> Model:
     """Open a GGUF model file and read its hyper-parameters and weight table (nothing dequantized).
 
-    path: str or Path of a GGUF file of arch llama, qwen2 or mistral3.
+    path: str or Path of a GGUF file of arch llama, qwen2, mistral3 or gemma3.
     Returns a Model. Raises SynapseError (one line naming the file) for unreadable files,
     unsupported architectures, missing keys, or missing / misshapen tensors.
     """

@@ -26,6 +26,7 @@ VOCAB_GGUFS = sorted(VOCAB.glob("*.gguf"))
 REAL_MODELS = {
     "smollm2-135m-instruct-q4_1": REAL / "SmolLM2-135M-Instruct.Q4_1.json",
     "qwen2.5-coder-0.5b-instruct-q4_k_m": REAL / "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
+    "gemma-3-270m-q4_k_m": REAL / "gemma-3-270m-q4_k_m.json",
 }
 
 

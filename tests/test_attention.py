@@ -129,11 +129,11 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
     scale = np.float32(1 / np.sqrt(hd))
     q = rng.standard_normal((3, n_head * hd)).astype(np.float32)
     ref = np.empty((3, n_head * hd), np.float32)
-    A._attention_ser(ref, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
+    A._attention_ser(ref, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale, 0)
     for nt in (1, 2):
         numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
         out = np.empty_like(ref)
-        A._attention_par(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
+        A._attention_par(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale, 0)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
         out = np.empty_like(ref)
         A.attention_rows(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale)
@@ -147,13 +147,14 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
 
 # Shapes: SmolLM2 (9/3), Qwen2.5 (14/2), tiny hd128 (4/1), no GQA (4/4), 16 query heads on one KV
 # head (more than one q.k / p.V chunk), 6/2 at hd 128 (two 64-channel p.V blocks).
-@pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (14, 2, 64), (4, 1, 128), (4, 4, 64), (16, 1, 64),
-                                                 (6, 2, 128)])
-def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n_head_kv, hd):
+@pytest.mark.parametrize("n_head,n_head_kv,hd,n_swa", [(9, 3, 64, 0), (14, 2, 64, 0), (4, 1, 128, 0), (4, 4, 64, 0),
+                                                       (16, 1, 64, 0), (6, 2, 128, 0), (4, 1, 256, 0), (4, 1, 256, 100),
+                                                       (9, 3, 64, 130)])
+def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n_head_kv, hd, n_swa):
     """The vector kernels against the per-head kernel, bit for bit: decode rows (three parallel
     loops) and prefill blocks of every size, at positions and batch lengths crossing the 64-position
     tiles, at 1 and 2 threads, serial and parallel drivers, and a row of a batch equal to the
-    same row alone."""
+    same row alone; Gemma 3's heads (4/1 of 256), with and without a sliding window of n_swa."""
     assert A.vector_kernels_apply(hd, hd)
     rng = np.random.default_rng(n_head * hd)
     n_ctx = 448
@@ -166,24 +167,24 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
     for pos0, n in cases:
         q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
         ref = np.empty((n, n_head * hd), np.float32)
-        A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale)
+        A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, n_swa)
         for nt in (1, 2):
             numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf)
+                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)
                 A.vector_kernel(ws.plan, True, False)(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale,
-                                               ws.buf)
+                                               ws.buf, n_swa)
                 assert np.array_equal(two[1].view(np.uint32), ref[0].view(np.uint32)), (pos0, nt)
             out = np.full_like(ref, np.nan)
-            A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws)
+            A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws, n_swa=n_swa)
             assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt)
         t = n - 1  # the batch's last row, alone as a decode row
         one = np.full((1, n_head * hd), np.nan, np.float32)
-        A.attention_rows(one, q[t:], kc, vc, pos0 + t, n_head, n_head_kv, hd, hd, scale, ws)
+        A.attention_rows(one, q[t:], kc, vc, pos0 + t, n_head, n_head_kv, hd, hd, scale, ws, n_swa=n_swa)
         assert np.array_equal(one[0].view(np.uint32), ref[t].view(np.uint32))
 
 
@@ -239,3 +240,47 @@ def test_vector_plan_exists_for_every_gqa_up_to_64():
             n64, qa, qb, pa, pb = A.VectorPlan(gqa, R, hd // 64)
             assert n64 == hd // 64 and 1 <= qa <= qb <= A.QK_MAX_Q and 1 <= pa <= pb <= A.PV_MAX_Q4, (gqa, hd)
             assert A.Workspace(64, gqa, 1, hd, hd).plan == (n64, qa, qb, pa, pb)
+
+
+@pytest.mark.parametrize("hd", [256, 64])
+def test_sliding_window_attends_the_window_only(threads, hd):
+    """n_swa > 0 (gemma3's SWA layers): row t at p = pos0 + t attends p - n_swa + 1 .. p. Cache cells
+    below every row's window do not change the output (bit for bit), a cell inside some rows'
+    windows changes those rows only, a window wider than the prefix is no window, and a batch's
+    rows equal one-row calls at any thread count. (llama.cpp's own numbers for a window: the
+    long-swa case of the Gemma 3 goldens, test_gemma3.py and test_cli.py.)"""
+    rng = np.random.default_rng(hd)
+    n_head, n_head_kv, n_swa, pos0, n = 4, 1, 512, 700, 3
+    kc, vc = _random_cache(rng, 1024, n_head_kv, hd)
+    scale = np.float32(1.0)
+    q = (rng.standard_normal((n, n_head * hd)) * 0.0625).astype(np.float32)
+    ws = A.Workspace(1024, n_head, n_head_kv, hd, hd)
+
+    def run(kc, vc, w=n_swa):
+        out = np.empty((n, n_head * hd), np.float32)
+        A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws, n_swa=w)
+        return out.view(np.uint32)
+
+    def with_garbage(positions):
+        k2, v2 = kc.copy(), vc.copy()
+        for p in positions:
+            k2[:, p // 64, :, p % 64] = rng.standard_normal((n_head_kv, hd)).astype(np.float16).view(np.uint16)
+            v2[:, p % 64, p // 64, :] = rng.standard_normal((n_head_kv, hd)).astype(np.float16).view(np.uint16)
+        return k2, v2
+
+    ref = run(kc, vc)
+    lo = [pos0 + t - n_swa + 1 for t in range(n)]  # 189, 190, 191
+    assert np.array_equal(run(*with_garbage(range(lo[0]))), ref)  # below every window: no effect
+    changed = run(*with_garbage([lo[1]]))  # in rows 0 and 1's windows, not row 2's
+    assert not np.array_equal(changed[0], ref[0]) and not np.array_equal(changed[1], ref[1])
+    assert np.array_equal(changed[2], ref[2])
+    assert not np.array_equal(run(kc, vc, w=0), ref)
+    assert np.array_equal(run(kc, vc, w=pos0 + n), run(kc, vc, w=0))  # the whole prefix fits: no window
+    for nt in (1, 2):
+        numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+        for par in (False, True):
+            for t in range(n):
+                one = np.empty((1, n_head * hd), np.float32)
+                (A._per_head_par if par else A._per_head_ser)(one, q[t:t + 1], kc, vc, pos0 + t, n_head, n_head_kv,
+                                                              scale, ws.buf, n_swa)
+                assert np.array_equal(one[0].view(np.uint32), ref[t]), (nt, par, t)

@@ -161,11 +161,18 @@ def test_gguf_template_error_names_the_model(tmp_path):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
-def test_no_template_names_the_option():
+# llama.cpp's ChatML fallback for a model without a template (common/chat.cpp CHATML_TEMPLATE_SRC)
+CHATML_HI = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_no_template_falls_back_to_chatml():
+    """As llama.cpp's common_chat_templates_init: a GGUF without a template (Gemma 3 270M base,
+    the Llama 3 vocabulary here) is rendered with its built-in ChatML template, Jinja or not."""
     tok = load_tokenizer(VOCAB / "ggml-vocab-llama-bpe.gguf")
     assert tok.chat_template is None
-    with pytest.raises(SynapseError, match="ggml-vocab-llama-bpe.gguf.*--chat-template-file"):
-        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs) == CHATML_HI
+    assert tok.apply_chat_template(msgs, jinja=False) == CHATML_HI
     # an override works on a vocabulary without a template
     src = TEMPLATES["ggml-vocab-qwen2.gguf"]["chat_template"]
     case = next(c for c in CASES if c["model"] == "ggml-vocab-qwen2.gguf" and c["case"] == "system_user")
@@ -210,13 +217,15 @@ def test_single_turn_renders_as_llama_cpp(jinja):
     assert len(out["tokens"]) == 1 and out["stop"] == "length"
 
 
-def test_no_template_is_one_line_exit_2():
+def test_no_template_chats_in_chatml_with_a_warning():
+    """llama-cli forced into a conversation (-cnv) without a template: ChatML, and its warning."""
     from conftest import tiny
 
-    res = run(tiny("tiny-llama-f32"), "-cnv", input=b"hi\n")
-    assert res.returncode == 2
-    line = one_error_line(res)
-    assert "tiny-llama-f32.gguf" in line and "--chat-template-file" in line and res.stdout == b""
+    res = run(tiny("tiny-llama-f32"), "-st", "-sys", "S", "-p", "hi", "-n", "1", "--json")
+    assert res.returncode == 0, res.stderr.decode()
+    tok = load_tokenizer(tiny("tiny-llama-f32"))
+    assert json.loads(res.stdout)["prompt_tokens"] == tok.tokenize(CHATML_HI, add_special=True, parse_special=True)
+    assert b"no chat template" in res.stderr and b"ChatML" in res.stderr
 
 
 def test_bad_template_file_is_one_line_exit_2(tmp_path):

@@ -27,6 +27,7 @@ TINY = DATA / "tiny"
 REAL = {
     "smollm2-135m-instruct-q4_1": DATA / "real" / "SmolLM2-135M-Instruct.Q4_1.json",
     "qwen2.5-coder-0.5b-instruct-q4_k_m": DATA / "real" / "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
+    "gemma-3-270m-q4_k_m": DATA / "real" / "gemma-3-270m-q4_k_m.json",
 }
 
 

@@ -66,13 +66,14 @@ def test_matches_gguf_reader(path):
 @pytest.mark.parametrize("name", list(REAL_MODELS))
 def test_matches_gguf_reader_real_models(name):
     g = assert_matches_reader(real_model(name))
-    n_tokens = {"smollm2-135m-instruct-q4_1": 49152, "qwen2.5-coder-0.5b-instruct-q4_k_m": 151936}[name]
+    n_tokens = {"smollm2-135m-instruct-q4_1": 49152, "qwen2.5-coder-0.5b-instruct-q4_k_m": 151936,
+                "gemma-3-270m-q4_k_m": 262144}[name]
     assert len(g.kv["tokenizer.ggml.tokens"]) == n_tokens
 
 
 def test_fixture_sets_are_present():
     # guards the parametrized tests above against an empty glob
-    assert len(TINY_GGUFS) == 23 and len(VOCAB_GGUFS) == 7
+    assert len(TINY_GGUFS) == 23 and len(VOCAB_GGUFS) == 8
 
 
 def test_all_value_types_and_custom_alignment(tmp_path):

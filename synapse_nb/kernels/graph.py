@@ -31,7 +31,8 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion.
 ENTRY_FIELDS = 11
 ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(ENTRY_FIELDS)
-# The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
+# The row-kernel table: [0] for the batch's rows, [1] for one row; columns (SWIGLU: the FFN's
+# activation, the geglu kernel when the model's FFN is GEGLU):
 ROW_KERNELS = 5
 RMS, ROPE, SWIGLU, STORE, ATTN = range(ROW_KERNELS)
 # The segment table: one row per sequence of a batch (its rows are consecutive): the first row, the
@@ -55,14 +56,15 @@ SIGNATURES = {
     "rms_norm": (_F2, _F2, _F1, types.float32),  # out, x, w, eps
     "rope": (_F2, _F2, types.int64, types.int64, types.int64, types.boolean),  # x, cache, heads, dim, n_rot, neox
     "swiglu": (_F2, _F2, _F2),  # out, gate, up
+    "geglu": (_F2, _F2, _F2, _F1),  # out, gate, up, GELU table (ops.gelu_table)
     "store_kv": (_KV, _KV, _F2, _F2, types.int64),  # k_cache, v_cache, k, v, pos0
-    # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace
-    "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1),
+    # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace, sliding window (0: none)
+    "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1, types.int64),
 }
-KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "store_kv", "attention")
+KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "store_kv", "attention")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
 # at every call: ~27 us a forward for seven of them)
-_K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
+_K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_GEGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
 
 
 @njit(cache=True, error_model="numpy")
@@ -115,6 +117,22 @@ def _add_rows_2d(y, b):
 
 
 @njit(cache=True, error_model="numpy")
+def _scale_all(y, s):
+    """y *= s (float32 scalar): ggml_scale."""
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] *= s
+
+
+@njit(cache=True, error_model="numpy")
+def _head_norms(rms, y, n_heads, head_dim, w, eps):
+    """RMS norm of every head of y (float32 [n, n_heads * head_dim]) in place, weight w
+    [head_dim]: ggml_rms_norm over ne0 = head_dim of the [head_dim, n_heads, n] view, then the MUL."""
+    yh = y.reshape((y.shape[0] * n_heads, head_dim))
+    call_at(_K_RMS, rms, yh, yh, w, eps)
+
+
+@njit(cache=True, error_model="numpy")
 def _scale_rows(y, s):
     """y[t] *= s[t, 0] for every row t (numpy's y *= s, s float32 [n, 1])."""
     for t in range(y.shape[0]):
@@ -125,7 +143,7 @@ def _scale_rows(y, s):
 @njit(cache=True, error_model="numpy")
 def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norms, bias_q, bias_k, bias_v, bias_o,
            kc, vc, ws, segs, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
-           all_logits):
+           all_logits, qk_norms, post_norms, swa, rope_swa, q_scale, gelu_table):
     """Every transformer block on the n rows of x, appending each row's K/V to its sequence's cache.
 
     The rows are segments of one or more sequences, segs: int64 [n_seg, SEG_FIELDS] (first row,
@@ -146,6 +164,15 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     when not want_logits; with one segment, all_logits false and n > 1, the last layer after its
     K/V goes on with the last row only (llama.cpp's inp_out_ids; rows are independent); with
     several segments every row goes on (the caller picks the rows it wants).
+
+    The recipe values of Gemma 3 (llm_build_gemma3; each off for the other models): qk_norms
+    float32 [n_layer, 2, head_dim_k] (q, k: RMS norm of each head after the projections) or
+    [n_layer, 0, .]; post_norms float32 [n_layer, 2, n_embd] (RMS norms of the attention and FFN
+    outputs before their residual adds) or [n_layer, 0, .]; swa int64 [n_layer], the sliding window
+    of each layer (0: full attention), passed to the attention kernel; a layer with a window takes
+    its RoPE from rope_swa (float32 [n, n_rot], the SWA layers' base) instead of rope; q_scale
+    (float32, 0: none) multiplies q after RoPE; gelu_table float32 [65536] (ops.gelu_table) makes
+    the FFN GEGLU (rk's SWIGLU column then holds the geglu kernel), [0] SwiGLU.
     """
     n = x.shape[0]
     n_layer = mt.shape[0]
@@ -166,12 +193,20 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
             _add_rows(q, bias_q[il])
             _add_rows(k, bias_k[il])
             _add_rows(v, bias_v[il])
-        # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2))
-        call_at(_K_ROPE, rk[0, ROPE], q, rope, n_head, head_dim_k, n_rot, neox)
-        call_at(_K_ROPE, rk[0, ROPE], k, rope, n_head_kv, head_dim_k, n_rot, neox)
+        # gemma3: RMS norm of each q and k head (attn_q_norm, attn_k_norm)
+        if qk_norms.shape[1] > 0:
+            _head_norms(rk[0, RMS], q, n_head, head_dim_k, qk_norms[il, 0], eps)
+            _head_norms(rk[0, RMS], k, n_head_kv, head_dim_k, qk_norms[il, 1], eps)
+        # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2)); an SWA layer's own table
+        rp = rope_swa if swa[il] > 0 else rope
+        call_at(_K_ROPE, rk[0, ROPE], q, rp, n_head, head_dim_k, n_rot, neox)
+        call_at(_K_ROPE, rk[0, ROPE], k, rp, n_head_kv, head_dim_k, n_rot, neox)
         # mistral3: q scaled by the attention temperature of its position (after RoPE)
         if attn_temp:
             _scale_rows(q, temp)
+        # gemma3: q scaled by f_attention_scale (the softmax's kq_scale is then 1)
+        if q_scale != 0:
+            _scale_all(q, q_scale)
         # Append k, v to each sequence's cache of this layer as F16
         for s in range(n_seg):
             r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
@@ -185,20 +220,24 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
                                                    gate[n - 1:], up[n - 1:], act[n - 1:])
                 one = True
         r = 1 if one else 0
-        # Causal attention of each sequence's rows over its positions 0..p: F16 q.k, softmax, F16
-        # probabilities . V
+        # Causal attention of each sequence's rows over its positions 0..p (p - swa + 1..p on a
+        # sliding-window layer): F16 q.k, softmax, F16 probabilities . V
         if one:
             slot, pos_q = segs[0, SEG_SLOT], segs[0, SEG_POS] + n - 1
-            call_at(_K_ATTN, rk[1, ATTN], attn, q, kc[slot, il], vc[slot, il], pos_q, n_head, n_head_kv, kq_scale, ws)
+            call_at(_K_ATTN, rk[1, ATTN], attn, q, kc[slot, il], vc[slot, il], pos_q, n_head, n_head_kv, kq_scale, ws,
+                    swa[il])
         else:
             for s in range(n_seg):
                 r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
                 call_at(_K_ATTN, segs[s, SEG_ATTN], attn[r0:r0 + m], q[r0:r0 + m], kc[slot, il], vc[slot, il],
-                        segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws)
+                        segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws, swa[il])
         # Output projection (+ bias)
         _matmul(e[WO], one, o, attn, abuf)
         if bias_o.shape[1] > 0:
             _add_rows(o, bias_o[il])
+        # gemma3: RMS norm of the attention output (post_attention_norm)
+        if post_norms.shape[1] > 0:
+            call_at(_K_RMS, rk[r, RMS], o, o, post_norms[il, 0], eps)
         # Residual: ffn_inp = attn_out + x
         _add_rows_2d(x, o)
         # FFN RMSNorm
@@ -209,8 +248,14 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         else:
             _matmul(e[WGATE], one, gate, h, abuf)
             _matmul(e[WUP], one, up, h, abuf)
-        call_at(_K_SWIGLU, rk[r, SWIGLU], act, gate, up)
+        if gelu_table.shape[0] > 0:  # gemma3: GEGLU, ggml's F16-table GELU of gate, times up
+            call_at(_K_GEGLU, rk[r, SWIGLU], act, gate, up, gelu_table)
+        else:
+            call_at(_K_SWIGLU, rk[r, SWIGLU], act, gate, up)
         _matmul(e[WDOWN], one, o, act, abuf)
+        # gemma3: RMS norm of the FFN output (post_ffw_norm)
+        if post_norms.shape[1] > 0:
+            call_at(_K_RMS, rk[r, RMS], o, o, post_norms[il, 1], eps)
         # Residual: x = ffn_out + ffn_inp
         _add_rows_2d(x, o)
 
@@ -221,15 +266,25 @@ class Tables:
     row-kernel tables, and norms and biases stacked per layer.
 
     layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
-    shapes are the bytes of the tensor). The arrays here are made once; the caller keeps the
-    weights alive.
+    shapes are the bytes of the tensor); hp: its HParams, for the recipe values (``layers``' qk_norms,
+    post_norms, swa, gelu_table). The arrays here are made once; the caller keeps the weights alive.
     """
 
-    def __init__(self, layer_weights):
+    def __init__(self, layer_weights, hp):
         self._layers = layer_weights
         L0 = layer_weights[0]
+        n_layer = len(layer_weights)
         self.norms = np.ascontiguousarray(np.stack([np.stack([L.attn_norm, L.ffn_norm]) for L in layer_weights]),
                                           dtype=np.float32)
+        self.qk_norms = (np.ascontiguousarray(np.stack([np.stack([L.q_norm, L.k_norm]) for L in layer_weights]),
+                                              dtype=np.float32)
+                         if hp.has_qk_norm else np.zeros((n_layer, 0, 1), np.float32))
+        self.post_norms = (np.ascontiguousarray(np.stack([np.stack([L.post_attn_norm, L.post_ffn_norm])
+                                                          for L in layer_weights]), dtype=np.float32)
+                           if hp.has_post_norms else np.zeros((n_layer, 0, 1), np.float32))
+        self.swa = np.array([hp.n_swa if hp.is_swa(il) else 0 for il in range(n_layer)], np.int64)
+        self.geglu = hp.ffn_act == "gelu"
+        self.gelu_table = _ops.gelu_table() if self.geglu else np.zeros(0, np.float32)
         biases = []
         for name in ("bq", "bk", "bv", "bo"):
             if getattr(L0, name) is None:
@@ -293,7 +348,7 @@ class Tables:
                 t[r, ROPE] = self._fn(rows.rope, "rope")
                 t[r, STORE] = self._fn(_attn._store_kv, "store_kv")
             t[r, RMS] = self._fn(rows.rms_norm, "rms_norm")
-            t[r, SWIGLU] = self._fn(rows.swiglu, "swiglu")
+            t[r, SWIGLU] = self._fn(rows.geglu, "geglu") if self.geglu else self._fn(rows.swiglu, "swiglu")
             t[r, ATTN] = self.attention(ws, m, pos, hp)
         return t
 

@@ -9,6 +9,8 @@ that a row computed here equals ggml's bit for bit:
                  ggml.c ggml_rope_yarn_corr_dims
   rope_rows      ggml-cpu/ops.cpp rotate_pairs (GGML_ROPE_TYPE_NORMAL and _NEOX)
   swiglu_rows    ggml-cpu/vec.cpp ggml_vec_swiglu_f32 (ggml_v_silu on 16 lanes, ggml_silu_f32 tail)
+  geglu_rows     ggml-cpu/vec.h ggml_vec_geglu_f32 with GGML_GELU_FP16 (defined there unconditionally):
+                 the gate rounded to F16 and looked up in ggml_table_gelu_f16 (gelu_table)
   v_expf         ggml-cpu/vec.h ggml_v_expf (AVX-512 branch), one lane
 
 Kernels write into arrays the caller allocated (output first) and do not bounds-check: the
@@ -22,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .common import fma32, u32_as_f32
+from .common import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
 
 _F32 = np.float32
 
@@ -150,6 +152,70 @@ def swiglu_rows(out, gate, up):
     Rows run in parallel when there are several (one row is not worth waking threads).
     """
     row_kernels(gate.shape[0]).swiglu(out, gate, up)
+
+
+# ---------------------------------------------------------------------------------------------
+# GEGLU (Gemma 3's FFN): gelu(gate) * up through ggml's F16 GELU table
+# ---------------------------------------------------------------------------------------------
+
+_GELU_COEF_A = np.float32(0.044715)
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+@njit(cache=True, error_model="numpy")
+def _gelu_table_f32(out):
+    """out[i] = ggml_table_gelu_f16[i] as float32: for the F16 value x of bits i,
+    F16(ggml_gelu_f32(x)), ggml_gelu_f32 = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f +
+    GELU_COEF_A*x*x))) as GCC contracts it (1.0f + (A*x)*x fused) with libm tanhf (ggml_cpu_init)."""
+    for i in range(65536):
+        x = f16_to_f32(np.uint16(i))
+        c = fma32(_GELU_COEF_A * x, x, _F32(1.0))
+        t = math.tanh((_SQRT_2_OVER_PI * x) * c)
+        y = (_F32(0.5) * x) * (_F32(1.0) + t)
+        out[i] = f16_to_f32(f32_to_f16_bits(y, f32_bits(y)))
+
+
+_GELU_TABLE = []
+
+
+def gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16 as float32 [65536] (indexed by F16 bits), built on first use."""
+    if not _GELU_TABLE:
+        t = np.empty(65536, np.float32)
+        _gelu_table_f32(t)
+        _GELU_TABLE.append(t)
+    return _GELU_TABLE[0]
+
+
+@njit(cache=True, error_model="numpy")
+def _geglu_row(out, gate, up, table, t):
+    for i in range(gate.shape[1]):
+        x = gate[t, i]
+        if x <= _F32(-10.0):
+            out[t, i] = _F32(0.0)
+        elif x >= _F32(10.0):
+            out[t, i] = x * up[t, i]
+        else:
+            out[t, i] = table[f32_to_f16_bits(x, f32_bits(x))] * up[t, i]
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _geglu_par(out, gate, up, table):
+    for t in prange(gate.shape[0]):
+        _geglu_row(out, gate, up, table, np.int64(t))
+
+
+@njit(cache=True, error_model="numpy")
+def _geglu_ser(out, gate, up, table):
+    for t in range(gate.shape[0]):
+        _geglu_row(out, gate, up, table, t)
+
+
+def geglu_rows(out, gate, up):
+    """out[n, i] = gelu(gate[n, i]) * up[n, i]: ggml_vec_geglu_f32 per row, GGML_GELU_FP16 branch:
+    0 for gate <= -10, gate * up for gate >= 10, else the F16 table's gelu of F16(gate), times up
+    (float). out, gate, up: float32 [N, n_ff]."""
+    (_geglu_par if gate.shape[0] > 1 else _geglu_ser)(out, gate, up, gelu_table())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,14 +376,16 @@ def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
 class RowKernels(NamedTuple):
     """The row-op kernels for a number of rows (the wrappers' arguments, unchecked):
     rms_norm(out, x, w, eps float32), rope(x, cache, n_heads, head_dim, n_dims, neox bool),
-    swiglu(out, gate, up)."""
+    swiglu(out, gate, up), geglu(out, gate, up, gelu_table())."""
 
     rms_norm: object
     rope: object
     swiglu: object
+    geglu: object
 
 
-_ROW_KERNELS = (RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser), RowKernels(_rms_norm_par, _rope_par, _swiglu_par))
+_ROW_KERNELS = (RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser, _geglu_ser),
+                RowKernels(_rms_norm_par, _rope_par, _swiglu_par, _geglu_par))
 
 
 def row_kernels(n):

@@ -1,0 +1,75 @@
+"""Gemma 3 270M (arch gemma3) on real weights against llama.cpp's goldens (tests/data/real/
+gemma-3-270m-q4_k_m.json, llama.cpp 0c1e570 with the full-size SWA cache, swa_full = true).
+
+Rules of shared/README.md ("How to compare with the reference", real models): tol =
+max(2 * self_maxrel, 1e-2); greedy tokens identical while the reference's top-2 margin exceeds
+2 * tol * |top-1 logit|; our top-1 is the reference's at every prompt position where that margin
+is clear. The long-swa case (720 tokens of GPL-3.txt) runs past the 512-token window. Prefill
+and token-by-token decoding agree bit for bit on it (logits and the whole K/V cache).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REAL_MODELS, real_model
+
+NAME = "gemma-3-270m-q4_k_m"
+CASES = json.loads(REAL_MODELS[NAME].read_text())["cases"]
+_models = {}
+
+
+def model():
+    if NAME not in _models:
+        from synapse_nb.model import load_model
+
+        _models[NAME] = load_model(real_model(NAME))
+    return _models[NAME]
+
+
+def test_hparams_from_the_gguf():
+    hp = model().hparams
+    assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_ff) == \
+        ("gemma3", 18, 640, 4, 1, 256, 256, 2048)
+    assert (hp.n_vocab, hp.n_ctx_train, hp.tied_output, hp.rope_type) == (262144, 32768, True, "neox")
+    assert hp.n_swa == 512 and hp.rope_freq_base == 1e6 and hp.rope_freq_base_swa == 10000.0
+    # set_swa_pattern(6): layers 5, 11 and 17 attend everything, the others the window
+    assert [il for il in range(18) if not hp.is_swa(il)] == [5, 11, 17]
+    assert hp.attn_scale == np.float32(0.0625)  # 1/sqrt(head_dim 256): not the 27B's 1/sqrt(n_embd/n_head)
+    assert hp.embd_scale == np.float32(np.sqrt(np.float32(640)))
+    assert np.float32(hp.rms_eps) == np.float32(1e-6)
+    assert (hp.has_qk_norm, hp.has_post_norms, hp.ffn_act) == (True, True, "gelu")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_goldens(case):
+    from synapse_nb.session import Session
+
+    tol = max(2 * case["self_maxrel"], 1e-2)
+    toks = case["tokens"]
+    s = Session(model(), n_ctx=1024, n_threads=2)
+    logits = s.eval(toks, all_logits=True)
+    for p in range(len(toks)):  # top-1 at every clear prompt position (single-token path reference)
+        ids, ref = case["tbt_top_ids"][p], case["tbt_top_logits"][p]
+        if ref[0] - ref[1] > 2 * tol * abs(ref[0]):
+            assert int(np.argmax(logits[p])) == ids[0], f"prompt position {p}"
+    row, ours = logits[-1], []
+    for i, ref in enumerate(case["gen_top_logits"]):
+        tok = int(np.argmax(row))
+        ours.append(tok)
+        if ref[0] - ref[1] <= 2 * tol * abs(ref[0]):
+            break  # below the margin the continuations may part
+        assert tok == case["greedy"][i], f"greedy step {i}: ours {tok}, llama.cpp {case['greedy'][i]}"
+        row = s.eval([tok])
+
+
+def test_prefill_equals_token_by_token_past_the_window():
+    from synapse_nb.session import prefill_check
+
+    toks = next(c for c in CASES if c["name"] == "long-swa")["tokens"]
+    assert len(toks) > model().hparams.n_swa + 64
+    res = prefill_check(model(), toks, n_ctx=1024, n_threads=2)
+    assert res.ok, str(res)
