@@ -1,0 +1,310 @@
+"""Grammar-constrained generation as llama.cpp does it (synapse_nb.grammar, Sampler(grammar=...)).
+
+Expected values come from llama.cpp, never from our own output:
+- the parser's symbol ids and rule elements from llama.cpp's tests/test-grammar-parser.cpp;
+- the refusals (undefined rule, missing root, left recursion, over-long repetitions) from
+  llama-grammar.cpp's checks and tests/test-grammar-parser.cpp's verify_failure cases;
+- which strings a grammar accepts from the grammar's meaning (GBNF semantics);
+- the generations from tests/data/grammar/cases.json (llama.cpp 0c1e570's tokens, see its README).
+The whole-vocabulary mask (the trie pass) is checked against the one-token transcription of
+llama_grammar_reject_candidates_for_stack on every token of the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synapse_nb.errors import SynapseError
+from synapse_nb.grammar import Grammar, GrammarMatcher, decode_utf8, parse_grammar
+from synapse_nb.grammar.gbnf import ALT, CHAR, CHAR_ALT, CHAR_NOT, CHAR_RNG_UPPER, END, RULE_REF, TOKEN, TOKEN_NOT
+
+DATA = Path(__file__).parent / "data" / "grammar"
+CASES = json.loads((DATA / "cases.json").read_text())["cases"]
+MODELS = {"smollm2": "smollm2-135m-instruct-q4_1", "qwen2.5": "qwen2.5-coder-0.5b-instruct-q4_k_m"}
+
+
+# ---------------------------------------------------------------- parser (test-grammar-parser.cpp)
+
+PARSER_CASES = [
+    ('root  ::= "a"', {"root": 0}, [[(CHAR, 97), (END, 0)]]),
+    ('root  ::= "a" | [bdx-z] | [^1-3]', {"root": 0},
+     [[(CHAR, 97), (ALT, 0), (CHAR, 98), (CHAR_ALT, 100), (CHAR_ALT, 120), (CHAR_RNG_UPPER, 122), (ALT, 0),
+       (CHAR_NOT, 49), (CHAR_RNG_UPPER, 51), (END, 0)]]),
+    ('root  ::= a+\na     ::= "a"', {"a": 1, "root": 0, "root_2": 2},
+     [[(RULE_REF, 1), (RULE_REF, 2), (END, 0)], [(CHAR, 97), (END, 0)],
+      [(RULE_REF, 1), (RULE_REF, 2), (ALT, 0), (END, 0)]]),
+    ('root  ::= "a"+', {"root": 0, "root_1": 1},
+     [[(CHAR, 97), (RULE_REF, 1), (END, 0)], [(CHAR, 97), (RULE_REF, 1), (ALT, 0), (END, 0)]]),
+    ('root  ::= a?\na     ::= "a"', {"a": 1, "root": 0, "root_2": 2},
+     [[(RULE_REF, 2), (END, 0)], [(CHAR, 97), (END, 0)], [(RULE_REF, 1), (ALT, 0), (END, 0)]]),
+    ('root  ::= "a"*', {"root": 0, "root_1": 1},
+     [[(RULE_REF, 1), (END, 0)], [(CHAR, 97), (RULE_REF, 1), (ALT, 0), (END, 0)]]),
+    ('root  ::= "a"{2}', {"root": 0}, [[(CHAR, 97), (CHAR, 97), (END, 0)]]),
+    ('root  ::= "a"{ 4}', {"root": 0}, [[(CHAR, 97)] * 4 + [(END, 0)]]),
+    ('root  ::= "a"{2,4}', {"root": 0, "root_1": 1, "root_2": 2},
+     [[(CHAR, 97), (CHAR, 97), (RULE_REF, 2), (END, 0)], [(CHAR, 97), (ALT, 0), (END, 0)],
+      [(CHAR, 97), (RULE_REF, 1), (ALT, 0), (END, 0)]]),
+    ('root ::= "a"{0,5000}', {"root": 0, "root_1": 1},
+     [[(RULE_REF, 1), (END, 0)], [(CHAR, 97), (RULE_REF, 1), (ALT, 0), (END, 0)]]),
+    ('root  ::= (expr "=" term "\\n")+\nexpr  ::= term ([-+*/] term)*\nterm  ::= [0-9]+',
+     {"expr": 2, "expr_5": 5, "expr_6": 6, "root": 0, "root_1": 1, "root_4": 4, "term": 3, "term_7": 7},
+     [[(RULE_REF, 1), (RULE_REF, 4), (END, 0)],
+      [(RULE_REF, 2), (CHAR, 61), (RULE_REF, 3), (CHAR, 10), (END, 0)],
+      [(RULE_REF, 3), (RULE_REF, 6), (END, 0)],
+      [(CHAR, 48), (CHAR_RNG_UPPER, 57), (RULE_REF, 7), (END, 0)],
+      [(RULE_REF, 1), (RULE_REF, 4), (ALT, 0), (END, 0)],
+      [(CHAR, 45), (CHAR_ALT, 43), (CHAR_ALT, 42), (CHAR_ALT, 47), (RULE_REF, 3), (END, 0)],
+      [(RULE_REF, 5), (RULE_REF, 6), (ALT, 0), (END, 0)],
+      [(CHAR, 48), (CHAR_RNG_UPPER, 57), (RULE_REF, 7), (ALT, 0), (END, 0)]]),
+    ('root  ::= <[1000]> !<[1001]> <[1001]>', {"root": 0},
+     [[(TOKEN, 1000), (TOKEN_NOT, 1001), (TOKEN, 1001), (END, 0)]]),
+]
+
+
+@pytest.mark.parametrize("text,symbols,rules", PARSER_CASES)
+def test_parser_rules_as_llama_cpp(text, symbols, rules):
+    got_rules, got_symbols, root = parse_grammar(text)
+    assert got_symbols == symbols
+    assert got_rules == rules
+    assert root == symbols["root"]
+
+
+def test_parser_arithmetic_symbol_ids():
+    # test-grammar-parser.cpp's arithmetic grammar: the ids of generated rules follow llama.cpp's order
+    text = (DATA / "arithmetic.gbnf").read_text()
+    _, symbols, _ = parse_grammar(text)
+    assert symbols == {"expr": 2, "expr_6": 6, "expr_7": 7, "ident": 8, "ident_10": 10, "num": 9, "num_11": 11,
+                       "root": 0, "root_1": 1, "root_5": 5, "term": 4, "ws": 3, "ws_12": 12}
+
+
+@pytest.mark.parametrize("name", ["json.gbnf", "list.gbnf", "arithmetic.gbnf", "chess.gbnf"])
+def test_llama_cpp_grammar_files_parse(name):
+    g = Grammar((DATA / name).read_text())
+    assert g.symbol_ids["root"] == g.root_id
+    assert g.initial_stacks
+
+
+BAD = [
+    ('root ::= "a"{,}"', "expecting an int"),
+    ('root ::= "a"{,10}"', "expecting an int"),
+    ('root ::= "a"{5000}', "repetitions exceeds"),
+    ('root ::= "a"{5000,}', "repetitions exceeds"),
+    ('root ::= (((((([^x]*){0,99}){0,99}){0,99}){0,99}){0,99}){0,99}', "exceeds sane defaults"),
+    ('root ::= foo', "undefined rule 'foo'"),
+    ('root ::= "a" bar\nbar ::= baz', "undefined rule 'baz'"),
+    ('rot ::= "a"', "no 'root' rule"),
+    ('root ::= root "a" | "b"', "left recursion"),
+    ('root ::= a\na ::= b? "x" | c\nb ::= "b"\nc ::= a "c"', "left recursion"),
+    ('root ::= "abc', "unexpected end of input"),
+    ('root ::= [a-', "unexpected end of input"),
+    ('root ::= "\\q"', "unknown escape"),
+    ('root ::= "\\x4"', "expecting 2 hex chars"),
+    ('root := "a"', "expecting ::="),
+    ('root ::= ("a"', "expecting ')'"),
+    ('root ::= *', "expecting preceding item"),
+    ('root ::= "a" ]', "expecting newline or end"),
+    ('', "no rules"),
+    ('# only a comment\n', "no rules"),
+]
+
+
+@pytest.mark.parametrize("text,msg", BAD)
+def test_parser_refuses_as_llama_cpp(text, msg):
+    with pytest.raises(SynapseError) as e:
+        Grammar(text)
+    s = str(e.value)
+    assert msg in s and "\n" not in s and s.startswith("grammar: ")
+
+
+def test_parser_error_names_position():
+    with pytest.raises(SynapseError, match=r"line 2, column 10"):
+        Grammar('root ::= "a"\nfoo ::= "\\q"')
+
+
+# ---------------------------------------------------------------- matcher semantics (no vocabulary)
+
+class _CharVocab:
+    """A vocabulary of given pieces (token i = pieces[i]), EOG = the last id."""
+
+    def __init__(self, pieces):
+        self._pieces = [p.encode() if isinstance(p, str) else p for p in pieces] + [b"</s>"]
+        self.n_vocab = len(self._pieces)
+        self.eog_ids = frozenset({self.n_vocab - 1})
+
+    def token_to_piece(self, t, special=True):
+        return self._pieces[t]
+
+
+def _accepts(grammar_text, s):
+    """Whether the grammar accepts the whole string s, fed one character per token."""
+    chars = sorted(set(s)) or ["x"]
+    vocab = _CharVocab(chars)
+    m = GrammarMatcher(grammar_text, vocab)
+    for ch in s:
+        t = chars.index(ch)
+        if not m.allows(t):
+            return False
+        assert m.allowed_mask()[t]
+        m.accept(t)
+    return m.can_end and m.allows(vocab.n_vocab - 1)
+
+
+ACCEPT = [
+    ('root ::= "a"{2,3}', ["aa", "aaa"], ["", "a", "aaaa", "b"]),
+    ('root ::= [a-c]+ "."', ["a.", "abcab."], [".", "ad.", "a"]),
+    ('root ::= [^abc]*', ["", "xyz", "é"], ["a", "xa"]),
+    ('root ::= ("yes" | "no") "!"?', ["yes", "no!", "yes!"], ["ye", "yes!!", "maybe"]),
+    ('root ::= "x" ws "y"\nws ::= [ \\t]*', ["xy", "x  \ty"], ["x\ny", "x"]),
+    ('root ::= . "z"', ["az", "ßz", "日z"], ["z", "abz"]),
+    ('root ::= "\\u00e9" [\\u3041-\\u309f]+', ["éぁ", "éゟぁ"], ["e", "é", "éア"]),
+]
+
+
+@pytest.mark.parametrize("text,good,bad", ACCEPT)
+def test_grammar_accepts_its_language(text, good, bad):
+    for s in good:
+        assert _accepts(text, s), s
+    for s in bad:
+        assert not _accepts(text, s), s
+
+
+def test_partial_utf8_across_tokens():
+    # "é" (c3 a9) split over two tokens, and a token that ends inside a 3-byte character
+    vocab = _CharVocab([b"\xc3", b"\xa9", b"a", b"\xe3\x81", b"\x81", b"\xe3", b"\x81\x81", b"\xa9b"])
+    m = GrammarMatcher('root ::= "é" [ぁ-ゟ]', vocab)
+    assert m.allows(0) and not m.allows(2) and not m.allows(1) and not m.allows(3)
+    assert list(np.flatnonzero(m.allowed_mask())) == [0]
+    m.accept(0)
+    assert m.partial == (0x3, 1)
+    assert list(np.flatnonzero(m.allowed_mask())) == [1]  # "\xa9b" would complete é then need ぁ-ゟ
+    m.accept(1)
+    assert list(np.flatnonzero(m.allowed_mask())) == [3, 5]  # e3 81 / e3 can still become ぁ-ゟ
+    m.accept(5)
+    # 81 81 completes ぁ (U+3041); 81 alone leaves e3 81, which can still become one of ぁ-ゟ
+    assert list(np.flatnonzero(m.allowed_mask())) == [4, 6]
+    m.accept(6)
+    assert m.can_end and list(np.flatnonzero(m.allowed_mask())) == [vocab.n_vocab - 1]
+
+
+def test_decode_utf8_as_llama_cpp():
+    assert decode_utf8("aé".encode()) == ([0x61, 0xE9], (0xE9, 0))
+    assert decode_utf8(b"a\xe3\x81") == ([0x61], (0x3041 >> 6, 1))
+    assert decode_utf8(b"\x81", (0x3041 >> 6, 1)) == ([0x3041], (0x3041, 0))
+    assert decode_utf8(b"\xa9") == ([], (0, -1))          # a continuation byte first: invalid
+    assert decode_utf8(b"a", (3, 1)) == ([], (0, -1))     # a pending sequence not continued
+    assert decode_utf8(b"ab\x00cd") == ([0x61, 0x62], (0x62, 0))  # stops at NUL
+
+
+def test_eog_only_where_the_grammar_can_end():
+    vocab = _CharVocab(["a", "b"])
+    m = GrammarMatcher('root ::= "a" "b"?', vocab)
+    eog = vocab.n_vocab - 1
+    assert not m.allows(eog)
+    with pytest.raises(SynapseError):
+        m.accept(eog)
+    m.accept(0)
+    assert m.allows(eog) and m.allows(1)
+    with pytest.raises(SynapseError):
+        m.accept(0)  # not allowed: one line, the state unchanged
+    m.accept(1)
+    assert list(np.flatnonzero(m.allowed_mask())) == [eog]
+
+
+def test_token_elements():
+    vocab = _CharVocab(["<think>", "</think>", "x", "y"])
+    m = GrammarMatcher("root ::= <[0]> !<[1]> <[1]>", vocab)
+    assert list(np.flatnonzero(m.allowed_mask())) == [0]
+    m.accept(0)
+    assert list(np.flatnonzero(m.allowed_mask())) == [0, 2, 3]
+    m.accept(3)
+    assert list(np.flatnonzero(m.allowed_mask())) == [1]
+
+
+# ---------------------------------------------------------------- real vocabularies and generations
+
+_LOADED: dict = {}
+
+
+def _model(key):
+    from conftest import real_model
+
+    import synapse_nb
+
+    if key not in _LOADED:
+        _LOADED[key] = synapse_nb.load_model(real_model(MODELS[key]))
+    return _LOADED[key]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["name"] in ("smol-json-greedy", "qwen-planets-seed3",
+                                                                    "qwen-chess-seed5")],
+                         ids=lambda c: c["name"])
+def test_vocabulary_mask_equals_token_by_token_check(case):
+    """The trie pass gives, on every token of the real vocabulary, the answer of the direct
+    transcription of llama_grammar_reject_candidates_for_stack, along the case's tokens."""
+    tok = _model(case["model"]).tokenizer
+    m = GrammarMatcher(case["grammar"], tok)
+    for step, t in enumerate(case["tokens"][:6]):
+        mask = m.allowed_mask()
+        ref = np.array([m.allows(i) for i in range(tok.n_vocab)])
+        assert np.array_equal(mask, ref), f"step {step}: {np.flatnonzero(mask != ref)[:10]}"
+        assert mask[t]
+        m.accept(t)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_case_generation_library(case):
+    """Session.generate with Sampler(**params, grammar=...): llama.cpp's tokens, and its redraws."""
+    import synapse_nb
+    from synapse_nb.sampling import Sampler
+
+    model = _model(case["model"])
+    s = synapse_nb.Session(model, n_threads=1)
+    m = GrammarMatcher(case["grammar"], model.tokenizer)
+    sampler = Sampler(**case["params"], grammar=m)
+    redraws = []
+    orig = sampler.sample
+
+    def sample(logits):
+        tok = orig(logits)
+        if sampler.last_resampled:
+            redraws.append(len(seen))
+        seen.append(tok)
+        return tok
+
+    seen: list = []
+    sampler.sample = sample
+    out = s.generate(case["prompt_tokens"], case["n_predict"], sampler=sampler)
+    assert out == case["tokens"]
+    assert redraws == case["resampled_steps"]
+    assert s.stop_reason == ("eog" if case["ended_by_eog"] else "length")
+    eog = set(model.tokenizer.eog_ids)
+    assert model.tokenizer.detokenize([t for t in out if t not in eog], special=False) == case["text"]
+
+
+def test_greedy_grammar_is_argmax_over_allowed_tokens():
+    """No sampler: the highest logit among the allowed tokens (checked against a direct argmax of the
+    masked logits at every step), and a token the grammar allows at every step."""
+    import synapse_nb
+
+    case = next(c for c in CASES if c["name"] == "smol-yesno-greedy")
+    model = _model("smollm2")
+    s = synapse_nb.Session(model, n_threads=1)
+    m = GrammarMatcher(case["grammar"], model.tokenizer)
+    shadow = GrammarMatcher(case["grammar"], model.tokenizer)
+    out = list(s.greedy_tokens(s.eval(case["prompt_tokens"]), 8, grammar=m))
+    assert out[-1] in model.tokenizer.eog_ids
+    # replay: the same logits, masked by the shadow matcher
+    s2 = synapse_nb.Session(model, n_threads=1)
+    row = s2.eval(case["prompt_tokens"])
+    for tok in out:
+        allowed = shadow.allowed_mask()
+        assert tok == int(np.argmax(np.where(allowed, row, -np.inf)))
+        shadow.accept(tok)
+        if tok in model.tokenizer.eog_ids:
+            break
+        row = s2.eval([tok])
+    assert model.tokenizer.detokenize(out[:-1], special=False) in (" yes.", " no.")
