@@ -364,7 +364,7 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
     if unknown:
         raise TypeError(f"run() got an unexpected option {unknown[0]!r} (options: {', '.join(DECODER_OPTIONS)})")
     if workers is not None and (not _is_int(workers) or workers < 1):
-        raise SynapseError(f"-j/--workers must be >= 1, got {workers!r}")
+        raise SynapseError(f"--workers must be >= 1, got {workers!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise SynapseError(f"-t/--threads must be >= 1, got {n_threads!r}")
     if isinstance(inputs, (str, os.PathLike)):

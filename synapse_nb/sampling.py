@@ -650,7 +650,7 @@ def given_options(opts: dict, n_vocab: int | None = None) -> dict:
 
 
 def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool = True,
-                         ignore_eos: bool = False):
+                         ignore_eos: bool = False, grammar=None):
     """The Sampler the command line asks for, or None for greedy decoding.
 
     opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
@@ -660,6 +660,7 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
     negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
     llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
     Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
+    grammar: a GrammarMatcher for Sampler(grammar=...), or None.
     """
     given = given_options(opts, n_vocab)
     if not given:
@@ -675,7 +676,7 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
         bias += eog_logit_bias(eog_ids)
     params["logit_bias"] = bias
     try:
-        return Sampler(**params)
+        return Sampler(**params, grammar=grammar)
     except SynapseError as e:
         msg = str(e)
         for key, flag in CLI_PARAMS.items():

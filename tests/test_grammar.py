@@ -308,3 +308,134 @@ def test_greedy_grammar_is_argmax_over_allowed_tokens():
             break
         row = s2.eval([tok])
     assert model.tokenizer.detokenize(out[:-1], special=False) in (" yes.", " no.")
+
+
+# ---------------------------------------------------------------- the command line
+
+def _cli_args(case, tmp_path):
+    from conftest import real_model
+
+    args = [real_model(MODELS[case["model"]]), case["prompt"], "-n", case["n_predict"], "--json", "-t", "1"]
+    if "json_schema" in case:
+        args += ["-j", json.dumps(case["json_schema"])]
+    elif "grammar_file" in case:
+        args += ["--grammar-file", DATA / case["grammar_file"]]
+    else:
+        args += ["--grammar", case["grammar"]]
+    return args + case["llama_flags"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_case_generation_cli(case, tmp_path):
+    """llama-decode MODEL PROMPT -n N --grammar-file F | --grammar G | -j SCHEMA + the case's flags."""
+    from conftest import run_cli
+
+    res = run_cli(*_cli_args(case, tmp_path))
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    doc = json.loads(res.stdout)
+    assert doc["prompt_tokens"] == case["prompt_tokens"]
+    assert doc["tokens"] == case["tokens"]
+    assert doc["text"] == case["text"]
+    assert doc["stop"] == ("eog" if case["ended_by_eog"] else "length")
+
+
+def test_cli_streamed_text_follows_the_grammar():
+    from conftest import real_model, run_cli
+
+    case = next(c for c in CASES if c["name"] == "smol-list-seed7")
+    res = run_cli(real_model(MODELS["smollm2"]), case["prompt"], "-n", case["n_predict"], "-t", "1",
+                  "--grammar-file", DATA / "list.gbnf", *case["llama_flags"])
+    assert res.returncode == 0
+    assert res.stdout.decode() == case["text"] + "\n"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--grammar", 'root ::= foo'], "undefined rule 'foo'"),
+    (["--grammar", 'root ::= root "a"'], "left recursion"),
+    (["--grammar", 'item ::= "a"'], "no 'root' rule"),
+    (["--grammar", 'root ::= "a'], "unexpected end of input"),
+    (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf"),
+    (["--grammar-file", "/dev/zero"], "not a regular file"),
+    (["-j", "{bad"], "not valid JSON"),
+    (["-j", "2"], "Unrecognized schema"),
+    (["-j", '{"$ref": "other.json#/a"}'], "Unsupported ref"),
+    (["-j", '{"type": "string", "pattern": "abc"}'], "Pattern must start with '^' and end with '$'"),
+    (["-jf", "/nonexistent/s.json"], "-jf/--json-schema-file /nonexistent/s.json"),
+    (["--grammar", 'root ::= "a"', "-j", "{}"], "give one of them"),
+])
+def test_cli_bad_grammar_is_one_line_exit_2(args, msg):
+    from conftest import one_error_line, real_model, run_cli
+
+    res = run_cli(real_model(MODELS["smollm2"]), "Hello", "-n", "4", *args)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: ") and msg in line
+    assert res.stdout == b""
+
+
+# ---------------------------------------------------------------- JSON schema -> GBNF
+
+@pytest.mark.parametrize("case", [c for c in CASES if "json_schema" in c], ids=lambda c: c["name"])
+def test_schema_grammar_identical_to_llama_cpp(case):
+    from synapse_nb.grammar import json_schema_to_grammar
+
+    assert json_schema_to_grammar(case["json_schema"]) == case["grammar"]
+    assert json_schema_to_grammar(json.dumps(case["json_schema"])) == case["grammar"]
+
+
+def _schema_accepts(schema, s):
+    from synapse_nb.grammar import json_schema_to_grammar
+
+    return _accepts(json_schema_to_grammar(schema), s)
+
+
+SCHEMA_LANGUAGES = [
+    ({"type": "integer", "minimum": 10, "maximum": 250}, ["10", "99", "100", "250"], ["9", "251", "010", "1000", "-1"]),
+    ({"type": "integer", "minimum": -5, "maximum": 5}, ["-5", "0", "5"], ["-6", "6", "-0x"]),
+    ({"type": "integer", "exclusiveMinimum": 0}, ["1", "42"], ["0", "-1"]),
+    ({"type": "string", "minLength": 2, "maxLength": 3}, ['"ab"', '"abc"'], ['"a"', '"abcd"']),
+    ({"type": "string", "pattern": "^[a-c]+-[0-9]{2}$"}, ['"ab-12"'], ['"ab-1"', '"ad-12"', "ab-12"]),
+    ({"enum": ["red", 1, None]}, ['"red"', "1", "null"], ['"blue"', "2"]),
+    ({"const": {"a": [1, 2]}}, ['{"a":[1,2]}'], ['{"a": [1,2]}']),
+    ({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2},
+     ["[true]", "[true,false]", "[ true, false ]"], ["[]", "[true,true,true]"]),
+    ({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "null"}}, "required": ["a"],
+      "additionalProperties": False}, ['{"a":1.5}', '{"a":-2e3,"b":null}'], ["{}", '{"b":null}', '{"a":1,"c":2}']),
+    ({"anyOf": [{"type": "string", "format": "date"}, {"type": "integer", "maximum": 3}]},
+     ['"2024-02-29"', "3", "-7"], ['"2024-13-01"', "4"]),
+    ({"$defs": {"pt": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}]}},
+      "type": "object", "properties": {"p": {"$ref": "#/$defs/pt"}}, "required": ["p"]},
+     ['{"p":[1,2]}'], ['{"p":[1]}', '{"p":[1,2,3]}']),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, ['{"x":1,"y":2}', "{}"], ['{"x":"1"}']),
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]},
+     ['{"a":1,"b":2}'], ['{"a":1}']),
+]
+
+
+@pytest.mark.parametrize("schema,good,bad", SCHEMA_LANGUAGES, ids=lambda x: json.dumps(x)[:40] if isinstance(x, dict) else "")
+def test_schema_grammar_language(schema, good, bad):
+    """The converted grammar accepts the JSON the schema allows and refuses what it does not."""
+    for s in good:
+        assert _schema_accepts(schema, s), s
+    for s in bad:
+        assert not _schema_accepts(schema, s), s
+
+
+@pytest.mark.parametrize("schema,msg", [
+    ({"$ref": "other.json#/a"}, "Unsupported ref: other.json#/a"),
+    ({"$ref": "#/$defs/missing"}, "Error resolving ref #/$defs/missing"),
+    ({"type": "strin"}, "Unrecognized schema"),
+    ({"type": "string", "pattern": "[a-z]+"}, "Pattern must start with '^' and end with '$'"),
+    ({"type": "string", "pattern": "^a{x}$"}, "Invalid number in curly brackets"),
+    ({"type": "string", "pattern": "^a{1,2,3}$"}, "Wrong number of values in curly brackets"),
+    ({"type": "string", "pattern": "^[ab$"}, "Unbalanced square brackets"),
+    ({"type": "string", "pattern": "^]$"}, "unsupported character"),
+    ("{not json", "not valid JSON"),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": "2"}, "minItems must be a number"),
+])
+def test_schema_refusals(schema, msg):
+    from synapse_nb.grammar import json_schema_to_grammar
+
+    with pytest.raises(SynapseError) as e:
+        json_schema_to_grammar(schema)
+    assert msg in str(e.value) and "\n" not in str(e.value)
