@@ -686,9 +686,10 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
         elif batch_in is not None or batch_out is not None or workers is not None or ray_address is not None:
             from synapse_nb.sampling import given_options
 
-            if any(v is not None for v in grammar_opts.values()):
-                raise click.UsageError("--grammar / -j do not apply to --batch yet: constrain a single run")
+            from synapse_nb.grammar import grammar_from_options
+
             code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_predict=n_predict,
+                              grammar=grammar_from_options(**grammar_opts),
                               n_ctx=ctx_size, n_batch=batch_size, ignore_eos=ignore_eos,
                               add_special=not no_add_special, parse_special=not no_parse_special,
                               sampling=given_options(sampling) or None,

@@ -439,3 +439,33 @@ def test_schema_refusals(schema, msg):
     with pytest.raises(SynapseError) as e:
         json_schema_to_grammar(schema)
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_batch_lines_with_grammar_and_schema():
+    """Batch lines carry "grammar" / "json_schema" (and sampling keys): llama.cpp's tokens per line."""
+    from synapse_nb.batch import Decoder
+
+    dec = Decoder(_model("qwen2.5"), n_threads=1)
+    for case in CASES:
+        if case["model"] != "qwen2.5":
+            continue
+        line = {"id": case["name"], "tokens": case["prompt_tokens"], "n_predict": case["n_predict"],
+                **{k: case["params"][k] for k in ("temp", "seed")}}
+        line.update({"json_schema": case["json_schema"]} if "json_schema" in case else {"grammar": case["grammar"]})
+        res = dec.decode(line)
+        assert res["tokens"] == case["tokens"], case["name"]
+    bad = dec.decode({"id": 1, "prompt": "x", "grammar": "root ::= foo"})
+    assert "undefined rule 'foo'" in bad["error"]
+    bad = dec.decode({"id": 2, "prompt": "x", "json_schema": {"type": "strin"}})
+    assert "Unrecognized schema" in bad["error"]
+
+
+def test_chat_replies_follow_the_grammar_each_turn():
+    """-cnv: every reply is constrained from its start (the grammar is reset per turn)."""
+    from conftest import real_model, run_cli
+
+    res = run_cli(real_model(MODELS["smollm2"]), "-cnv", "--grammar", 'root ::= ("Yes" | "No") "."', "-t", "1",
+                  "--temp", "0.8", "-s", "1", input=b"Is grass green?\nIs snow black?\nIs fire hot?\n")
+    assert res.returncode == 0, res.stderr.decode()[-1000:]
+    replies = [ln for ln in res.stdout.decode().splitlines() if ln.strip()]
+    assert len(replies) == 3 and all(r in ("Yes.", "No.") for r in replies), replies

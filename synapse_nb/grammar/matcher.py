@@ -308,7 +308,12 @@ class _VocabIndex:
                 continue
             if 0x80 <= piece[0] <= 0xBF:
                 cont_first.append(t)
-            cps, part = decode_utf8(piece)
+            try:  # valid UTF-8 without NUL: llama.cpp's decoder gives the standard code points
+                if 0 in piece:
+                    raise UnicodeDecodeError("utf-8", piece, 0, 1, "NUL")
+                cps, part = [ord(c) for c in piece.decode("utf-8")], (0, 0)
+            except UnicodeDecodeError:
+                cps, part = decode_utf8(piece)
             if part[1] < 0:
                 continue  # invalid: rejected by every stack
             node = 0
