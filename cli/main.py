@@ -19,6 +19,8 @@ import click
 
 from synapse_nb import __version__
 
+from .server import run_server, server_options
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
@@ -60,6 +62,11 @@ class _AtLeast(click.ParamType):
 
 
 _COUNT = _AtLeast(1)
+
+
+def _given(name: str) -> bool:
+    """Whether the command line gave option `name` (not its default)."""
+    return click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT
 
 
 def _parse_token_list(text: str) -> list[int]:
@@ -425,6 +432,12 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
                             grammar=matcher)
 
 
+def _grammar_text(grammar_opts):
+    from synapse_nb.grammar import grammar_from_options
+
+    return grammar_from_options(**grammar_opts)
+
+
 def _grammar_matcher(grammar_text, tok, verbose):
     """A GrammarMatcher for the grammar text (None: no grammar); the vocabulary's index is built here."""
     if grammar_text is None:
@@ -537,7 +550,7 @@ def _sampling_options(f):
     return f
 
 
-def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single, **options):
+def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_parallel, single, **options):
     """--batch IN --output OUT [--workers N] [--ray [ADDRESS]]: synapse_nb.batch.run_file does the work."""
     from synapse_nb.batch import run_file
 
@@ -549,7 +562,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
     if options["n_predict"] < 0:  # a batch line always has a limit (-1 is for one interactive run)
         raise click.BadParameter("must be >= 0", param_hint="-n/--n-predict")
     return run_file(model, batch_in, batch_out, workers=workers, n_threads=threads, ray_address=ray_address,
-                    **options)
+                    n_parallel=n_parallel, **options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -614,12 +627,14 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
               help="Constrain the output to JSON of this JSON schema (converted to GBNF as llama.cpp does).")
 @click.option("-jf", "--json-schema-file", type=str, default=None, metavar="FILE", help="The JSON schema from FILE.")
 @_sampling_options
+@server_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
                  no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
                  prompt_opt, conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
                  workers, ray_address, ppl, kld_base, kl_div, chunks, grammar, grammar_file, json_schema,
-                 json_schema_file, **sampling):
+                 json_schema_file, server, host, port, n_parallel, api_key, server_timeout, max_queue, no_webui,
+                 **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -672,7 +687,17 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
             prompt = prompt_opt
-        if ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
+        if server:
+            if prompt is not None or file is not None or batch_in is not None or ppl or conversation or single_turn:
+                raise click.UsageError("--server takes no prompt and does not combine with --batch, --perplexity, "
+                                       "-cnv or -st (requests bring the prompts)")
+            code = run_server(model, host=host, port=port, n_parallel=n_parallel, api_key=api_key,
+                              timeout=server_timeout, max_queue=max_queue, no_webui=no_webui, ctx_size=ctx_size,
+                              batch_size=batch_size, threads=threads,
+                              n_predict=n_predict if _given("n_predict") else -1, sampling=sampling,
+                              chat_template_file=chat_template_file, jinja=jinja, verbose=verbose, log=_log,
+                              compiling=_Compiling, grammar=_grammar_text(grammar_opts))
+        elif ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from . import perplexity as _ppl
 
             if logits_out is not None or prefill_check or tokenize_only:
@@ -688,8 +713,8 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
 
             from synapse_nb.grammar import grammar_from_options
 
-            code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_predict=n_predict,
-                              grammar=grammar_from_options(**grammar_opts),
+            code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_parallel or 1,
+                              n_predict=n_predict, grammar=grammar_from_options(**grammar_opts),
                               n_ctx=ctx_size, n_batch=batch_size, ignore_eos=ignore_eos,
                               add_special=not no_add_special, parse_special=not no_parse_special,
                               sampling=given_options(sampling) or None,

@@ -1,4 +1,4 @@
-"""synapse_nb: greedy decoding of Llama-family GGUF models with Numba kernels.
+"""synapse_nb: decoding and serving Llama-family GGUF models with Numba kernels, as llama.cpp's CPU backend.
 
 Modules, one concern each:
   errors      SynapseError, the one exception class users see
@@ -10,6 +10,9 @@ Modules, one concern each:
   kernels/    Numba kernels: activation quantizers, dots, matvec/matmul, attention
   model       the Llama-family graph (Model, forward)
   session     KV cache, prefill/decode loop, prefill check, warmup
+  parallel    ParallelSession: many sequences per forward, each bit-identical to running alone
+  api         Llama: llama-cpp-python's API (completions, chat) over a ParallelSession
+  server/     the OpenAI-compatible HTTP server (FastAPI on uvicorn) and its chat page
   compile_helper  the second process of a cold warm-up
   decode_threads  a decode step's thread count, from its measured time
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
@@ -22,7 +25,8 @@ Modules, one concern each:
 
 from .errors import SynapseError
 
-__all__ = ["SynapseError", "Sampler", "Session", "load_model", "load_tokenizer", "perplexity", "warmup"]
+__all__ = ["SynapseError", "Sampler", "Session", "ParallelSession", "Llama", "load_model", "load_tokenizer",
+           "perplexity", "warmup"]
 __version__ = "0.1.0"
 
 
@@ -50,6 +54,14 @@ def __getattr__(name):
         from .sampling import Sampler
 
         return Sampler
+    if name == "ParallelSession":
+        from .parallel import ParallelSession
+
+        return ParallelSession
+    if name == "Llama":
+        from .api import Llama
+
+        return Llama
     if name in ("Session", "warmup"):  # synapse_nb.session: KV cache, prefill/decode, kernel warm-up
         from . import session
 

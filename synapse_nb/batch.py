@@ -323,7 +323,7 @@ class Decoder:
             ids, n_predict, sampler, matcher = self._parse(obj)
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
-        s, tok = self.session, self.model.tokenizer
+        s = self.session
         eog = s.eog_ids(self.ignore_eos)
         s.reset()
         try:
@@ -351,7 +351,11 @@ class Decoder:
             t_e1 = perf_counter()
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
-        prompt_ms, eval_ms = 1e3 * (t_p1 - t_p0), 1e3 * (t_e1 - t_p1)
+        return self._result(obj, ids, generated, stop, sampler, t_p1 - t_p0, t_e1 - t_p1, n_evals)
+
+    def _result(self, obj, ids, generated, stop, sampler, prompt_s, eval_s, n_evals) -> dict:
+        """The result dict of one input (see decode)."""
+        prompt_ms, eval_ms = 1e3 * prompt_s, 1e3 * eval_s
         timings = {
             "prompt_ms": round(prompt_ms, 2),
             "prompt_tokens_per_s": round(len(ids) / (prompt_ms / 1e3), 2) if prompt_ms > 0 else None,
@@ -360,10 +364,53 @@ class Decoder:
             "n_threads": self.n_threads,
         }
         out = {"id": obj["id"], "prompt_tokens": ids, "tokens": generated,
-               "text": tok.detokenize(generated, special=False), "stop": stop, "timings": timings}
+               "text": self.model.tokenizer.detokenize(generated, special=False), "stop": stop, "timings": timings}
         if sampler is not None and hasattr(sampler, "seed"):
             out["seed"] = sampler.seed  # as --json when sampling: the seed that reproduces the line
         return out
+
+    def decode_parallel(self, objs, n_parallel: int):
+        """Decode inputs n_parallel at a time in one ParallelSession (-np): yields each result dict
+        (as decode's) when its sequence stops, so in completion order. Each line's tokens are
+        those decode gives it alone (the engine's guarantee). Timings are the line's own wall
+        time: prompt from its arrival to its first token, eval after that (shared steps)."""
+        from time import perf_counter
+
+        from .parallel import ParallelSession
+
+        ps = ParallelSession(self.model, n_seq=n_parallel, n_ctx=self.session.n_ctx, n_threads=self.n_threads,
+                             n_batch=self.session.n_batch)
+        it = iter(objs)
+        running = {}  # Sequence -> (obj, ids, sampler, t_added, t_first)
+        exhausted = False
+        while True:
+            while not exhausted and len(running) < n_parallel:
+                obj = next(it, None)
+                if obj is None:
+                    exhausted = True
+                    break
+                try:
+                    ids, n_predict, sampler, matcher = self._parse(obj)
+                except SynapseError as e:
+                    yield {"id": obj.get("id"), "error": _one_line(e)}
+                    continue
+                seq = ps.add(ids, n_predict, sampler=sampler, ignore_eos=self.ignore_eos,
+                             grammar=matcher if sampler is None else None)
+                running[seq] = [obj, ids, sampler, perf_counter(), None]
+            if not running:
+                return
+            ps.step()
+            now = perf_counter()
+            for seq in list(running):
+                info = running[seq]
+                if info[4] is None and (seq.tokens or seq.done):
+                    info[4] = now
+                if seq.done:
+                    del running[seq]
+                    obj, ids, sampler, t0, t1 = info
+                    stop = "eog" if seq.stop_reason == "eog" else "length"
+                    yield self._result(obj, ids, seq.tokens, stop, sampler, t1 - t0, now - t1,
+                                       max(0, len(seq.tokens) - 1))
 
 
 def _numba_threads() -> int:
@@ -380,7 +427,7 @@ def result_line(result: dict) -> bytes:
 # ---------------------------------------------------------------- the three paths
 
 def run(model, inputs, *, workers: int | None = None, n_threads: int | None = None, ray_address: str | None = None,
-        skip_ids=(), **options):
+        skip_ids=(), n_parallel: int = 1, **options):
     """Decode many inputs with one model load per worker; yield a result dict per input as it is done.
 
     model: GGUF path or models.txt name (a loaded Model is accepted only in this process:
@@ -388,7 +435,8 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
     optional "n_predict" and sampling options}; ids are checked up front, see check_ids), or the
     path of a JSONL file (read_inputs). skip_ids: ids not to decode (those already done).
     options: Decoder's keyword options (n_predict, n_ctx, n_batch, ignore_eos, add_special,
-    parse_special, sampling).
+    parse_special, sampling). n_parallel (-np): inputs decoded at once in one process
+    (Decoder.decode_parallel); each line's tokens are the same as alone.
 
     Where it runs:
       ray_address None, workers None/1: in this process, n_threads threads (default: all cores).
@@ -406,6 +454,7 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
         raise TypeError(f"run() got an unexpected option {unknown[0]!r} (options: {', '.join(DECODER_OPTIONS)})")
     if workers is not None and (not _is_int(workers) or workers < 1):
         raise SynapseError(f"--workers must be >= 1, got {workers!r}")
+    _check_parallel(n_parallel, workers, ray_address)
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise SynapseError(f"-t/--threads must be >= 1, got {n_threads!r}")
     if isinstance(inputs, (str, os.PathLike)):
@@ -421,12 +470,23 @@ def run(model, inputs, *, workers: int | None = None, n_threads: int | None = No
     if n_threads is not None:  # this machine's processes: at most its cores (as Session and Numba)
         n_threads = min(n_threads, os.cpu_count() or 1)
     if workers in (None, 1):
-        return _run_here(model, pending, n_threads, options)
+        return _run_here(model, pending, n_threads, n_parallel, options)
     return _run_processes(model, pending, workers, n_threads, options)
 
 
-def _run_here(model, pending, n_threads, options):
+def _check_parallel(n_parallel, workers, ray_address) -> None:
+    if not _is_int(n_parallel) or n_parallel < 1:
+        raise SynapseError(f"-np/--parallel must be >= 1, got {n_parallel!r}")
+    if n_parallel > 1 and (ray_address is not None or workers not in (None, 1)):
+        raise SynapseError("-np/--parallel decodes several lines in one process: it does not combine with "
+                           "--workers or --ray")
+
+
+def _run_here(model, pending, n_threads, n_parallel, options):
     dec = Decoder(model, n_threads=n_threads or os.cpu_count() or 1, **options)
+    if n_parallel > 1:
+        yield from dec.decode_parallel(pending, n_parallel)
+        return
     for obj in pending:
         yield dec.decode(obj)
 
@@ -739,7 +799,7 @@ def _same_file(a: str, b) -> bool:
 
 
 def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads: int | None = None,
-             ray_address: str | None = None, progress: bool = True, **options) -> int:
+             ray_address: str | None = None, progress: bool = True, n_parallel: int = 1, **options) -> int:
     """`llama-decode MODEL --batch IN --output OUT`: decode every line of IN not yet in OUT.
 
     Checks up front: OUT is neither IN nor the model; IN's lines have unique ids (read_inputs);
@@ -755,6 +815,7 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     from .inputs import check_regular_file
     from .models import resolve_model
 
+    _check_parallel(n_parallel, workers, ray_address)
     model_path = resolve_model(model)
     if _same_file(out_path, in_path):
         raise SynapseError(f"--output {out_path} is the input file --batch; it is not overwritten")
@@ -790,14 +851,16 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
         todo = len(items) - n_done
         where = (f"Ray ({ray_address or 'local'})" if ray_address is not None else
                  f"{min(workers, todo)} worker process{'es' if min(workers, todo) > 1 else ''}"
-                 if workers not in (None, 1) else "1 process")
+                 if workers not in (None, 1) else "1 process" + (f", {n_parallel} sequences at once" if n_parallel > 1
+                                                                  else ""))
         _log(f"batch: {len(items)} inputs, {n_done} already in {out_path}, {todo} to do on {where}")
         if todo == 0:
             return 0
         prog = Progress(todo) if progress else None
         try:
             for res in run(model_path if ray_address is None else model, items, workers=workers,
-                           n_threads=n_threads, ray_address=ray_address, skip_ids=done, **options):
+                           n_threads=n_threads, ray_address=ray_address, skip_ids=done, n_parallel=n_parallel,
+                           **options):
                 line = result_line(res)
                 try:
                     n = os.write(fd, line)  # one write of the whole line: O_APPEND, never interleaved

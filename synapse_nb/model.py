@@ -147,11 +147,12 @@ class Model:
             self._tokenizer = load_tokenizer(self.gguf)
         return self._tokenizer
 
-    def _position_inputs(self, st: ForwardState, n_past: int, n: int) -> None:
-        """Per-position inputs of the graph: the RoPE cos/sin table and mistral3's q temperature."""
+    def _position_inputs(self, st: ForwardState, pos: np.ndarray) -> None:
+        """Per-row inputs of the graph for rows at positions pos (int64 [n]): the RoPE cos/sin table
+        and mistral3's q temperature."""
         hp = self.hparams
         f32 = np.float32
-        pos = np.arange(n_past, n_past + n, dtype=np.int64)
+        n = len(pos)
         # ggml_rope_cache_init for each position (cos/sin pairs, YaRN ramp and magnitude)
         _ops.rope_cache(st.rope[:n], pos, hp.n_rot, self._theta_scale, f32(hp.rope_freq_scale),
                         self.weights.rope_freqs, f32(hp.yarn_ext_factor), f32(hp.yarn_attn_factor),
@@ -160,7 +161,7 @@ class Model:
             # llm_graph_input_attn_temp::set_input: float position, float division by the floor
             # length, then log(floor(.) + 1.0) * scale + 1.0 in double, stored as float
             for t in range(n):
-                r = f32(f32(n_past + t) + f32(0.0)) / f32(hp.attn_temp_floor)
+                r = f32(f32(pos[t]) + f32(0.0)) / f32(hp.attn_temp_floor)
                 st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
 
     def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,
@@ -174,42 +175,82 @@ class Model:
         want_logits=False (a prefill batch whose logits nobody reads) the last layer stops once
         its K/V are cached and None is returned.
         """
-        hp = self.hparams
-        W = self.weights
         n = len(tokens)
-        eps = np.float32(hp.rms_eps)
-        acts = st.activations(n)
-        x, h = acts[0], acts[1]
-
-        # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows).
-        # Bound weights do not re-validate: tokens (int64, in range) and the buffers' shapes are
-        # guaranteed by the Session and ForwardState.
-        W.tok_embd.get_rows(tokens, x)
-        # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
-        self._position_inputs(st, n_past, n)
-        # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
-        # there, as llama.cpp's build_attn / build_ffn; its kernels in the tables built here)
+        hp = self.hparams
         tabs = self._graph_tables()
         last_row = want_logits and not all_logits and n > 1
-        _graph.layers(*self._layers_args(st, cache, acts, n_past, tabs.matmuls(n > 1, last_row),
-                                         tabs.rows(st.attn_ws, n, n_past, last_row, hp), want_logits, all_logits))
+        segs = np.array([[0, n, 0, n_past, 0]], np.int64)
+        rk = tabs.rows(st.attn_ws, n, n_past, last_row, hp)
+        segs[0, _graph.SEG_ATTN] = rk[0, _graph.ATTN]
+        x = self._run_layers(st, cache.k[np.newaxis], cache.v[np.newaxis], tokens,
+                             np.arange(n_past, n_past + n, dtype=np.int64), segs, tabs.matmuls(n > 1, last_row), rk,
+                             want_logits, all_logits)
         if not want_logits:
             return None  # the cache is complete; nothing after the last layer's K/V feeds it
-        if last_row:
-            x, h = x[-1:], h[-1:]
-        # Final RMSNorm and the output head (token_embd when tied)
-        _ops.rms_norm_rows(h, x, W.output_norm, eps)
-        return W.output.matmul(h)
+        return self._head(st, x[-1:] if last_row else x)
 
-    def _layers_args(self, st, cache, acts, n_past, mt, rk, want_logits, all_logits) -> tuple:
-        """graph.layers' arguments for the rows acts of st at positions n_past.. (tables mt, rk)."""
+    def forward_segments(self, st: ForwardState, k_slots: np.ndarray, v_slots: np.ndarray, tokens: np.ndarray,
+                         segments, out_rows) -> np.ndarray:
+        """Run the graph on a batch of several sequences' rows, each appending to its own cache.
+
+        tokens: int64 [n], 1 <= n <= st.n_batch; segments: (slot, n_past, count) per sequence, its
+        count rows consecutive in tokens in the order given, at positions n_past.. of the cache
+        slot (k_slots, v_slots: uint16 [n_slot, n_layer, ...], KVCache's arrays per slot; each
+        slot at most once, n_past + count <= its n_ctx: the caller checks). out_rows: int64
+        indices into the batch of the rows whose logits are wanted (none: the last layer stops
+        after its K/V). Returns float32 [len(out_rows), n_vocab]. Each row's logits and K/V are the bits of the same tokens run
+        alone (Model.forward): no row's arithmetic depends on another sequence's rows.
+        """
+        hp = self.hparams
+        tabs = self._graph_tables()
+        n = len(tokens)
+        segs = np.empty((len(segments), _graph.SEG_FIELDS), np.int64)
+        pos = np.empty(n, np.int64)
+        r0 = 0
+        for i, (slot, n_past, count) in enumerate(segments):
+            segs[i] = (r0, count, slot, n_past, tabs.attention(st.attn_ws, count, n_past, hp))
+            pos[r0:r0 + count] = np.arange(n_past, n_past + count)
+            r0 += count
+        out_rows = np.asarray(out_rows, np.int64)
+        # one sequence whose last row alone is wanted: its last layer goes on with that row (as forward)
+        last_row = len(segments) == 1 and n > 1 and out_rows.tolist() == [n - 1]
+        rk = tabs.rows(st.attn_ws, n, int(segs[0, _graph.SEG_POS]), last_row, hp)
+        x = self._run_layers(st, k_slots, v_slots, tokens, pos, segs, tabs.matmuls(n > 1, last_row), rk,
+                             len(out_rows) > 0, not last_row)
+        if len(out_rows) == 0:
+            return np.empty((0, hp.n_vocab), np.float32)
+        return self._head(st, x[out_rows])
+
+    def _run_layers(self, st, kc, vc, tokens, pos, segs, mt, rk, want_logits, all_logits) -> np.ndarray:
+        """Embed tokens into st.x, run graph.layers on those rows, return st.x's rows (float32 [n, n_embd])."""
+        n = len(tokens)
+        acts = st.activations(n)
+        # Embedding: the token rows of token_embd.weight, dequantized to float (ggml_get_rows).
+        # Bound weights do not re-validate: tokens (int64, in range) and the buffers' shapes are
+        # guaranteed by the caller and ForwardState.
+        self.weights.tok_embd.get_rows(tokens, acts[0])
+        # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
+        self._position_inputs(st, pos)
+        # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
+        # there, as llama.cpp's build_attn / build_ffn; its kernels in the tables built here)
+        _graph.layers(*self._layers_args(st, kc, vc, acts, segs, mt, rk, want_logits, all_logits))
+        return acts[0]
+
+    def _head(self, st: ForwardState, x: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and the output head (token_embd when tied) on the rows x: float32 [m, n_vocab]."""
+        h = st.h[:len(x)]
+        _ops.rms_norm_rows(h, np.ascontiguousarray(x), self.weights.output_norm, np.float32(self.hparams.rms_eps))
+        return self.weights.output.matmul(h)
+
+    def _layers_args(self, st, kc, vc, acts, segs, mt, rk, want_logits, all_logits) -> tuple:
+        """graph.layers' arguments for the rows acts of st in segments segs (tables mt, rk)."""
         hp = self.hparams
         tabs = self._graph_tables()
         n = len(acts[0])
         if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
             st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
-        return (*acts, st.rope[:n], st.temp[:n], st.abuf, mt, rk, tabs.norms, *tabs.biases, cache.k, cache.v,
-                st.attn_ws.buf, n_past, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot, hp.rope_type == "neox",
+        return (*acts, st.rope[:n], st.temp[:n], st.abuf, mt, rk, tabs.norms, *tabs.biases, kc, vc,
+                st.attn_ws.buf, segs, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot, hp.rope_type == "neox",
                 np.float32(hp.rms_eps), self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits)
 
     def compile_layers(self, st: ForwardState, cache: KVCache) -> None:
@@ -219,7 +260,8 @@ class Model:
         every batch; the tables' types are fixed)."""
         import numba
 
-        args = self._layers_args(st, cache, st.activations(1), 0,
+        args = self._layers_args(st, cache.k[np.newaxis], cache.v[np.newaxis], st.activations(1),
+                                 np.zeros((1, _graph.SEG_FIELDS), np.int64),
                                  np.zeros((1, len(_graph.MATMULS), _graph.ENTRY_FIELDS), np.int64),
                                  np.zeros((2, _graph.ROW_KERNELS), np.int64), True, True)
         _graph.layers.compile(tuple(numba.typeof(a) for a in args))

@@ -427,3 +427,38 @@ def test_sampled_lines_equal_cli_sampling_runs(tmp_path):
         assert ref.returncode == 0, ref.stderr.decode()
         doc = json.loads(ref.stdout)
         assert results[i]["tokens"] == doc["tokens"] and results[i]["seed"] == opts["seed"], (opts, results[i])
+
+
+def test_parallel_lines_equal_separate_runs(reference, tmp_path):
+    """-np 8: one process decodes the lines together in one ParallelSession; every id gets the
+    tokens of its separate run (results in completion order)."""
+    inp = write_jsonl(tmp_path / "in.jsonl", INPUTS)
+    out = tmp_path / "out.jsonl"
+    res = cli(model_path(), "--batch", inp, "--output", out, "-n", N_PREDICT, "-np", "8", "-t", "2")
+    assert res.returncode == 0, res.stderr.decode()
+    assert "8 sequences at once" in res.stderr.decode()
+    check_against_reference(read_results(out), reference)
+
+
+def test_parallel_sampled_lines_equal_cli_sampling_runs(tmp_path):
+    """-np 3 with per-line seeds: each line's tokens are the CLI's sampled tokens for its seed."""
+    seeds = [42, 7, 1234]
+    lines = [{"id": i, "prompt": "Once upon a time", "temp": 0.9, "seed": s} for i, s in enumerate(seeds)]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    res = cli(model_path(), "--batch", inp, "--output", out, "-n", 16, "--ignore-eos", "-np", "3")
+    assert res.returncode == 0, res.stderr.decode()
+    results = {r["id"]: r for r in read_results(out)}
+    for i, s in enumerate(seeds):
+        ref = cli(model_path(), "Once upon a time", "-n", 16, "--ignore-eos", "--temp", "0.9", "--seed", s, "--json")
+        assert ref.returncode == 0, ref.stderr.decode()
+        assert results[i]["tokens"] == json.loads(ref.stdout)["tokens"] and results[i]["seed"] == s
+
+
+def test_parallel_does_not_combine_with_workers(tmp_path):
+    from conftest import one_error_line
+
+    inp = write_jsonl(tmp_path / "in.jsonl", INPUTS[:1])
+    res = cli(model_path(), "--batch", inp, "--output", tmp_path / "out.jsonl", "-np", "2", "--workers", "2")
+    assert res.returncode == 2 and "does not combine with --workers" in one_error_line(res)
+    assert not (tmp_path / "out.jsonl").exists()

@@ -454,6 +454,20 @@ def test_batch_lines_with_grammar_and_schema():
         line.update({"json_schema": case["json_schema"]} if "json_schema" in case else {"grammar": case["grammar"]})
         res = dec.decode(line)
         assert res["tokens"] == case["tokens"], case["name"]
+    # -np: the lines decoded together in one ParallelSession, greedy with a grammar as well
+    lines = []
+    for case in CASES:
+        if case["model"] == "qwen2.5":
+            line = {"id": case["name"], "tokens": case["prompt_tokens"], "n_predict": case["n_predict"],
+                    **{k: case["params"][k] for k in ("temp", "seed")}}
+            line.update({"json_schema": case["json_schema"]} if "json_schema" in case else {"grammar": case["grammar"]})
+            lines.append(line)
+    greedy = {"id": "greedy", "prompt": "Is the sky blue? Answer:", "n_predict": 8,
+              "grammar": 'root ::= " " ("yes" | "no") "."'}
+    alone = dec.decode(greedy)
+    got = {r["id"]: r["tokens"] for r in dec.decode_parallel(lines + [greedy], 3)}
+    assert got == {**{c["name"]: c["tokens"] for c in CASES if c["model"] == "qwen2.5"}, "greedy": alone["tokens"]}
+    assert alone["text"] in (" yes.", " no.")
     bad = dec.decode({"id": 1, "prompt": "x", "grammar": "root ::= foo"})
     assert "undefined rule 'foo'" in bad["error"]
     bad = dec.decode({"id": 2, "prompt": "x", "json_schema": {"type": "strin"}})
@@ -469,3 +483,80 @@ def test_chat_replies_follow_the_grammar_each_turn():
     assert res.returncode == 0, res.stderr.decode()[-1000:]
     replies = [ln for ln in res.stdout.decode().splitlines() if ln.strip()]
     assert len(replies) == 3 and all(r in ("Yes.", "No.") for r in replies), replies
+
+
+# ---------------------------------------------------------------- Python API (synapse_nb.Llama) and the server
+
+def test_llama_api_grammar_cases():
+    """Llama.create_completion(prompt, grammar=..., temperature, seed): llama.cpp's text, through the
+    parallel engine."""
+    from synapse_nb.api import Llama
+
+    llm = Llama(MODELS["smollm2"], model=_model("smollm2"), n_threads=1, n_parallel=2, warmup=False)
+    try:
+        for case in [c for c in CASES if c["model"] == "smollm2"]:
+            r = llm.create_completion(case["prompt"], max_tokens=case["n_predict"], temperature=case["params"]["temp"],
+                                      seed=case["params"]["seed"], grammar=case["grammar"])
+            assert r["choices"][0]["text"] == case["text"], case["name"]
+        with pytest.raises(SynapseError, match="undefined rule"):
+            llm.create_completion("x", grammar="root ::= foo")
+        with pytest.raises(SynapseError, match="Cannot use both json_schema and grammar"):
+            llm.create_chat_completion([{"role": "user", "content": "x"}], grammar='root ::= "a"',
+                                       response_format={"type": "json_object"})
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def qwen_server():
+    from conftest import real_model
+    from serverproc import ServerProc
+
+    pytest.importorskip("fastapi")
+    s = ServerProc(real_model(MODELS["qwen2.5"]), "-np", "2", "-t", "1", "-c", "1024")
+    yield s
+    assert s.stop() == 0, s.stderr
+    assert "Traceback" not in s.stderr
+
+
+def test_server_completion_json_schema_and_grammar(qwen_server):
+    """/completion with llama-server's "json_schema" and "grammar" fields: llama.cpp's text."""
+    import httpx
+
+    for case in [c for c in CASES if c["model"] == "qwen2.5"]:
+        body = {"prompt": case["prompt"], "n_predict": case["n_predict"], "temperature": case["params"]["temp"],
+                "seed": case["params"]["seed"]}
+        body.update({"json_schema": case["json_schema"]} if "json_schema" in case else {"grammar": case["grammar"]})
+        r = httpx.post(qwen_server.url + "/completion", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == case["text"], case["name"]
+    r = httpx.post(qwen_server.url + "/completion", json={"prompt": "x", "grammar": "root ::= foo"}, timeout=60)
+    assert r.status_code == 400 and "undefined rule 'foo'" in r.json()["error"]["message"]
+
+
+def test_server_chat_response_format(qwen_server):
+    """/v1/chat/completions response_format json_schema / json_object: the reply is JSON of the schema."""
+    import httpx
+
+    schema = {"type": "object", "properties": {"planet": {"enum": ["Mercury", "Venus", "Earth"]},
+                                               "moons": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["planet", "moons"]}
+    msgs = [{"role": "user", "content": "Name a planet and its number of moons, as JSON."}]
+    r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=300,
+                   json={"messages": msgs, "seed": 3, "max_tokens": 64,
+                         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    obj = json.loads(r.json()["choices"][0]["message"]["content"])
+    assert set(obj) == {"planet", "moons"} and obj["planet"] in ("Mercury", "Venus", "Earth")
+    assert isinstance(obj["moons"], int) and 0 <= obj["moons"] <= 99
+    r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=300,
+                   json={"messages": msgs, "seed": 3, "max_tokens": 200, "response_format": {"type": "json_object"}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+    else:  # cut by max_tokens: still the start of an object
+        assert choice["message"]["content"].startswith("{")
+    r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": msgs, "response_format": {"type": "xml"}})
+    assert r.status_code == 400 and "response_format type must be one of" in r.json()["error"]["message"]

@@ -34,11 +34,17 @@ ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(ENTRY_FIELDS)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns:
 ROW_KERNELS = 5
 RMS, ROPE, SWIGLU, STORE, ATTN = range(ROW_KERNELS)
+# The segment table: one row per sequence of a batch (its rows are consecutive): the first row, the
+# number of rows, the sequence's KV cache slot, the position of its first row, the attention kernel
+# for those rows (see Tables.attention).
+SEG_FIELDS = 5
+SEG_ROW0, SEG_N, SEG_SLOT, SEG_POS, SEG_ATTN = range(SEG_FIELDS)
 
 _F1 = types.Array(types.float32, 1, "C")
 _F2 = types.Array(types.float32, 2, "C")
 _U8 = types.Array(types.uint8, 2, "C")
 _KV = types.Array(types.uint16, 4, "C")
+_KV6 = types.Array(types.uint16, 6, "C")
 # The kernels' signatures, as ``layers`` calls them (each call is checked against these types
 # when the loop compiles; every address of a table comes from native_fn with exactly these types).
 SIGNATURES = {
@@ -118,9 +124,15 @@ def _scale_rows(y, s):
 
 @njit(cache=True, error_model="numpy")
 def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norms, bias_q, bias_k, bias_v, bias_o,
-           kc, vc, ws, n_past, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
+           kc, vc, ws, segs, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
            all_logits):
-    """Every transformer block on the n rows of x at positions n_past.., appending K/V to the cache.
+    """Every transformer block on the n rows of x, appending each row's K/V to its sequence's cache.
+
+    The rows are segments of one or more sequences, segs: int64 [n_seg, SEG_FIELDS] (first row,
+    rows, KV slot, first position, attention kernel). Everything but the K/V store and the attention
+    is row by row, so a row's bits do not depend on the other rows of the batch; the store and the
+    attention run per segment on that sequence's cache kc[slot], vc[slot] over its positions
+    0..pos, exactly as for the sequence alone.
 
     x, h, q, k, v, attn, o, gate, up, act: float32 [n, .] C, ForwardState's rows (x the residual
     stream, in and out; separate arguments: a tuple would be typed by Python code at every call).
@@ -129,13 +141,15 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     [n_layer, 7, ENTRY_FIELDS] matmul entries; rk: int64 [2, ROW_KERNELS] row kernels (Tables).
     norms: float32 [n_layer, 2, n_embd] (attn, ffn); bias_*: float32 [n_layer, d] (qwen2) or
     [n_layer, 0] (none).
-    kc, vc: the KV cache (5-D, see session.KVCache); ws: the attention Workspace's buffer. Stops
-    after the last layer's K/V are stored when not want_logits; with all_logits false and n > 1,
-    the last layer after its K/V goes on with the last row only (llama.cpp's inp_out_ids; rows
-    are independent).
+    kc, vc: uint16 [n_slot, n_layer, ...], the KV caches of the slots (each one session.KVCache's
+    5-D arrays); ws: the attention Workspace's buffer. Stops after the last layer's K/V are stored
+    when not want_logits; with one segment, all_logits false and n > 1, the last layer after its
+    K/V goes on with the last row only (llama.cpp's inp_out_ids; rows are independent); with
+    several segments every row goes on (the caller picks the rows it wants).
     """
     n = x.shape[0]
     n_layer = mt.shape[0]
+    n_seg = segs.shape[0]
     for il in range(n_layer):
         e = mt[il]
         one = n == 0  # False: a run-time bool, not the literal, so each helper compiles once
@@ -158,21 +172,29 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         # mistral3: q scaled by the attention temperature of its position (after RoPE)
         if attn_temp:
             _scale_rows(q, temp)
-        # Append k, v to this layer's cache as F16
-        call_at(_K_STORE, rk[0, STORE], kc[il], vc[il], k, v, n_past)
-        pos_q = n_past
+        # Append k, v to each sequence's cache of this layer as F16
+        for s in range(n_seg):
+            r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
+            call_at(_K_STORE, rk[0, STORE], kc[slot, il], vc[slot, il], k[r0:r0 + m], v[r0:r0 + m], segs[s, SEG_POS])
         if il == n_layer - 1:
             if not want_logits:
                 return  # the cache is complete; nothing after this feeds it
-            if not all_logits and n > 1:
+            if not all_logits and n > 1 and n_seg == 1:
                 # Last layer: only the row that produces logits goes on
                 q, attn, x, h, o, gate, up, act = (q[n - 1:], attn[n - 1:], x[n - 1:], h[n - 1:], o[n - 1:],
                                                    gate[n - 1:], up[n - 1:], act[n - 1:])
-                pos_q = n_past + n - 1
                 one = True
         r = 1 if one else 0
-        # Causal attention over positions 0..p: F16 q.k, softmax, F16 probabilities . V
-        call_at(_K_ATTN, rk[r, ATTN], attn, q, kc[il], vc[il], pos_q, n_head, n_head_kv, kq_scale, ws)
+        # Causal attention of each sequence's rows over its positions 0..p: F16 q.k, softmax, F16
+        # probabilities . V
+        if one:
+            slot, pos_q = segs[0, SEG_SLOT], segs[0, SEG_POS] + n - 1
+            call_at(_K_ATTN, rk[1, ATTN], attn, q, kc[slot, il], vc[slot, il], pos_q, n_head, n_head_kv, kq_scale, ws)
+        else:
+            for s in range(n_seg):
+                r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
+                call_at(_K_ATTN, segs[s, SEG_ATTN], attn[r0:r0 + m], q[r0:r0 + m], kc[slot, il], vc[slot, il],
+                        segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws)
         # Output projection (+ bias)
         _matmul(e[WO], one, o, attn, abuf)
         if bias_o.shape[1] > 0:
@@ -272,5 +294,10 @@ class Tables:
                 t[r, STORE] = self._fn(_attn._store_kv, "store_kv")
             t[r, RMS] = self._fn(rows.rms_norm, "rms_norm")
             t[r, SWIGLU] = self._fn(rows.swiglu, "swiglu")
-            t[r, ATTN] = self._fn(_attn.kernel_for(ws, m, pos, hp.n_head, hp.head_dim_k, hp.head_dim_v), "attention")
+            t[r, ATTN] = self.attention(ws, m, pos, hp)
         return t
+
+    def attention(self, ws, n, pos0, hp):
+        """The address of the attention kernel for n query rows at positions pos0.. (as
+        attention_rows chooses it: attention.kernel_for)."""
+        return self._fn(_attn.kernel_for(ws, n, pos0, hp.n_head, hp.head_dim_k, hp.head_dim_v), "attention")

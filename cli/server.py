@@ -1,0 +1,69 @@
+"""llama-decode MODEL --server: llama-server's flags, then synapse_nb.server.serve.
+
+Only parses and calls the library: the model, its engine (synapse_nb.Llama) and the HTTP server.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+
+def server_options(f):
+    """The server's flags (llama-server's names; -np/--parallel is batch mode's too)."""
+    opts = [
+        click.option("--server", "server", is_flag=True,
+                     help="Serve the model over HTTP: OpenAI's /v1/completions, /v1/chat/completions and "
+                          "llama-server's endpoints, a chat page at / (pip install 'synapse_nb[server]')."),
+        click.option("--host", type=str, default="127.0.0.1", show_default=True, help="Server: address to listen on."),
+        click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+                     help="Server: port (0: a free one, printed at start)."),
+        click.option("-np", "--parallel", "n_parallel", type=click.IntRange(1, 256), default=None, metavar="N",
+                     help="Sequences decoded at once: server slots, or batch lines [default: server 4, batch 1]."),
+        click.option("--api-key", type=str, default=None, metavar="KEY",
+                     help="Server: require 'Authorization: Bearer KEY'."),
+        click.option("-to", "--timeout", "server_timeout", type=click.IntRange(1), default=600, show_default=True,
+                     metavar="N", help="Server: seconds a request may run before it is cancelled."),
+        click.option("--max-queue", type=click.IntRange(0), default=256, show_default=True, metavar="N",
+                     help="Server: requests waiting for a slot before new ones get 503."),
+        click.option("--no-webui", is_flag=True, help="Server: do not serve the chat page at /."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
+               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, grammar=None) -> int:
+    """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0."""
+    from synapse_nb.chat import read_template_file
+    from synapse_nb.sampling import given_options
+    from synapse_nb.server import check_installed, listen_socket, serve
+
+    check_installed()
+    from synapse_nb import load_model
+    from synapse_nb.api import Llama
+
+    template = read_template_file(chat_template_file) if chat_template_file is not None else None
+    sock = listen_socket(host, port)  # before the model loads: a port in use is said at once
+    try:
+        model = load_model(model_arg)
+        defaults = given_options(sampling, model.hparams.n_vocab)
+        seed = defaults.pop("seed", -1)
+        with compiling(verbose) as progress:
+            from synapse_nb.session import warmup
+            from synapse_nb.sampling import warmup as sampling_warmup
+
+            warmup(model, progress=progress)
+            sampling_warmup()
+        llama = Llama(model_arg, model=model, n_ctx=ctx_size, n_threads=threads or os.cpu_count() or 1,
+                      n_batch=batch_size, n_parallel=n_parallel or 4, seed=seed, sampling=defaults,
+                      n_predict=n_predict, chat_template=template, chat_template_origin=chat_template_file,
+                      jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose, grammar=grammar)
+        if template is not None or model.tokenizer.chat_template is not None:
+            llama.apply_chat_template([{"role": "user", "content": "Hello"}])  # a bad template: now
+    except BaseException:
+        sock.close()
+        raise
+    return serve(llama, sock, api_key=api_key, webui=not no_webui, timeout=timeout, log=log)
