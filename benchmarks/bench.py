@@ -1,7 +1,7 @@
 """Benchmark synapse_nb against llama.cpp on the same machine, in the same run.
 
     python benchmarks/bench.py MODEL [MODEL ...] [--runs 3] [--threads 2]
-                               [--only short,long,start,compile,rss,scaling] [--llama-bin DIR]
+                               [--only short,long,start,compile,rss,scaling,parallel] [--llama-bin DIR]
                                [--no-llama-cpp]
 
 MODEL is a models.txt name or a GGUF path. llama.cpp is run from its own tools (llama-bench,
@@ -25,6 +25,13 @@ better for tok/s, lower for seconds and MiB):
            its ratio is at most (read GB/s on --threads) / (its GB/s on 1 thread); that bound is
            printed too, and the share of the read a 1.7x ratio would need (not in the default
            --only: it adds ~1 minute a model).
+  parallel N = 1, 2, 4, 8, 16 sequences decoded together (synapse_nb.ParallelSession), each a 128-token
+           prompt and 128 generated tokens, beside llama-batched-bench -npp 128 -ntg 128 -npl 1,2,4,8,16:
+           aggregate prompt tok/s (all N prompts, 64-row steps), aggregate generation tok/s (N tokens a
+           step) and the peak RSS of the process (one process per N). Ours: the prompts are evaluated
+           with a 1-token generation, then the same N prompts are added again: each takes the slot
+           holding its prompt (the prefix cache) and generates 128 tokens, timed (not in the default
+           --only).
 Nothing here is asserted: it prints numbers. The machine is shared: compare ratios from one run.
 """
 
@@ -155,6 +162,36 @@ def child_scaling(model: str, threads: int, n_gen: int, reps: int) -> dict:
     return {"read1": med[0], "readN": med[1], "tps1": med[2], "tpsN": med[3], "bytes": per_token}
 
 
+def child_parallel(model: str, threads: int, n_seq: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+    """Aggregate prompt and generation tok/s of n_seq sequences in one ParallelSession (medians of reps,
+    after a warm-up round), as llama-batched-bench measures them: all prompts (S_PP), then n_gen
+    tokens for every sequence (S_TG). Greedy, the end of generation not honoured."""
+    import numpy as np
+
+    import synapse_nb
+    from synapse_nb.parallel import ParallelSession
+
+    m = synapse_nb.load_model(model)
+    session_warmup(m)
+    rng = np.random.default_rng(0)
+    pp, tg = [], []
+    for r in range(reps + 1):
+        ps = ParallelSession(m, n_seq=n_seq, n_ctx=n_prompt + n_gen + 8, n_threads=threads)
+        prompts = [rng.integers(0, m.hparams.n_vocab, n_prompt).tolist() for _ in range(n_seq)]
+        t0 = time.perf_counter()
+        for p in prompts:
+            ps.add(p, 1, ignore_eos=True)
+        ps.run()
+        t1 = time.perf_counter()
+        seqs = [ps.add(p, n_gen, ignore_eos=True) for p in prompts]  # each reuses its slot's prompt
+        ps.run()
+        t2 = time.perf_counter()
+        assert all(q.n_reused == n_prompt - 1 and len(q.tokens) == n_gen for q in seqs)
+        pp.append(n_seq * n_prompt / (t1 - t0))
+        tg.append(n_seq * n_gen / (t2 - t1))
+    return {"pp": statistics.median(pp[1:]), "tg": statistics.median(tg[1:])}
+
+
 def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3) -> tuple[float, float]:
     """(median tok/s, peak RSS MiB) of one child test."""
     _, rss, res = _run([sys.executable, __file__, "--child", model, str(threads), test, str(n_prompt), str(n_gen),
@@ -242,6 +279,8 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
                                                ("whole first run (s)", wall, None, None)])
     if "scaling" in only:
         _run_scaling(path, runs, threads, bin_dir)
+    if "parallel" in only:
+        _run_parallel(path, runs, threads, bin_dir)
     if "rss" in only:
         v = ours(path, threads, "tg", 0, 32, 4064, 1)[1]
         d = l = None
@@ -249,6 +288,48 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
             d = llama_bench(bin_dir, path, threads, [], 0, 32, 4064, 1)[1]
             l = llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, 0, 32, 4064, 1)[1]
         _table("memory", [("peak RSS, full 4096 context (MiB)", v, d, l)])
+
+
+NPL = (1, 2, 4, 8, 16)
+
+
+def _run_parallel(path, runs, threads, bin_dir, n_prompt=128, n_gen=128):
+    """The parallel section: child_parallel per N (a process each, for its peak RSS), then
+    llama-batched-bench in both settings (its own processes: RSS over all N)."""
+    ours_rows = {}
+    for n in NPL:
+        _, rss, res = _run([sys.executable, __file__, "--child-parallel", path, str(threads), str(n), str(n_prompt),
+                            str(n_gen), str(runs)])
+        o = json.loads(res.stdout.decode().strip().splitlines()[-1])
+        ours_rows[n] = (o["pp"], o["tg"], rss)
+    theirs = {}
+    if bin_dir:
+        for name, extra in (("default", []), ("like-for-like", ["--no-repack", "-fa", "off", "-b", "64", "-ub", "64"])):
+            cmd = [bin_dir / "llama-batched-bench", "-m", path, "-t", str(threads), "-c",
+                   str(max(NPL) * (n_prompt + n_gen)), "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl",
+                   ",".join(map(str, NPL)), "--output-format", "jsonl", *extra]
+            _, rss, res = _run(cmd)
+            rows = {}
+            for line in res.stdout.decode().splitlines():
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    rows[d["pl"]] = (d["speed_pp"], d["speed_tg"])
+            theirs[name] = (rows, rss)
+    print(f"\nparallel sequences: N x ({n_prompt}-token prompt + {n_gen} generated), aggregate tok/s")
+    print("| N | ours prompt | ours gen | ours RSS MiB | llama.cpp default gen | ratio | like-for-like gen | ratio | "
+          "ours gen / ours N=1 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in NPL:
+        pp, tg, rss = ours_rows[n]
+        cells = []
+        for name in ("default", "like-for-like"):
+            t = theirs.get(name, ({}, None))[0].get(n)
+            cells += ["-", "-"] if t is None else [f"{t[1]:.1f}", f"{tg / t[1]:.2f}"]
+        print(f"| {n} | {pp:.1f} | {tg:.1f} | {rss:.0f} | {' | '.join(cells)} | {tg / ours_rows[1][1]:.2f} |")
+    for name, (rows, rss) in theirs.items():
+        print(f"llama-batched-bench {name}: prompt tok/s " +
+              ", ".join(f"N={n}: {rows[n][0]:.1f}" for n in NPL if n in rows) + f"; peak RSS {rss:.0f} MiB")
+    sys.stdout.flush()
 
 
 def _run_scaling(path, runs, threads, bin_dir):
@@ -283,6 +364,10 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child-scaling":
         model, threads, n_gen, reps = sys.argv[2:6]
         print(json.dumps(child_scaling(model, int(threads), int(n_gen), int(reps))))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-parallel":
+        model, threads, n_seq, n_prompt, n_gen, reps = sys.argv[2:8]
+        print(json.dumps(child_parallel(model, int(threads), int(n_seq), int(n_prompt), int(n_gen), int(reps))))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         model, threads, test, n_prompt, n_gen, depth, reps = sys.argv[2:9]

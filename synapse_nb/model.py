@@ -219,7 +219,13 @@ class Model:
                              len(out_rows) > 0, not last_row)
         if len(out_rows) == 0:
             return np.empty((0, hp.n_vocab), np.float32)
-        return self._head(st, x[out_rows])
+        # The head one row at a time: a matvec per row reads the n_vocab rows once per sequence, but
+        # the several-row kernels of the head's format (e.g. Q8_0, tied) were measured slower per
+        # row at a handful of rows; the bits are the same either way (matmul rows == matvec)
+        out = np.empty((len(out_rows), hp.n_vocab), np.float32)
+        for i, r in enumerate(out_rows):
+            out[i] = self._head(st, x[r:r + 1])[0]
+        return out
 
     def _run_layers(self, st, kc, vc, tokens, pos, segs, mt, rk, want_logits, all_logits) -> np.ndarray:
         """Embed tokens into st.x, run graph.layers on those rows, return st.x's rows (float32 [n, n_embd])."""
