@@ -560,3 +560,17 @@ def test_server_chat_response_format(qwen_server):
     r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=60,
                    json={"messages": msgs, "response_format": {"type": "xml"}})
     assert r.status_code == 400 and "response_format type must be one of" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["params"]["temp"] == 0], ids=lambda c: c["name"])
+def test_greedy_cli_without_sampling_flags(case, tmp_path):
+    """No sampling flag: argmax among the allowed tokens, which is what llama.cpp's --temp 0 chain
+    picks (temp-ext keeps the maximum): the greedy cases' tokens again, without the sampler."""
+    from conftest import run_cli
+
+    args = _cli_args(case, tmp_path)[:-len(case["llama_flags"])]
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    doc = json.loads(res.stdout)
+    assert "seed" not in doc  # greedy: no sampler
+    assert doc["tokens"] == case["tokens"]
