@@ -574,3 +574,66 @@ def test_greedy_cli_without_sampling_flags(case, tmp_path):
     doc = json.loads(res.stdout)
     assert "seed" not in doc  # greedy: no sampler
     assert doc["tokens"] == case["tokens"]
+
+
+# ---------------------------------------------------------------- llama.cpp's tests/test-grammar-integration.cpp
+
+INTEGRATION_GRAMMARS = [
+    ('root ::= "a"*', ["", "a", "aaaaa", "a" * 18, "a" * 62], ["b", "ab", "aab", "ba", "a" * 62 + "b"]),
+    ('root ::= "a"+', ["a", "aaaaa", "a" * 18, "a" * 62], ["", "b", "ab", "aab", "ba", "a" * 62 + "b"]),
+    ('root ::= "a"?', ["", "a"], ["b", "ab", "aa", "ba"]),
+    ('root ::= cons+ vowel* cons? (vowel cons)*\nvowel ::= [aeiouy]\ncons ::= [bcdfghjklmnpqrstvwxyz]',
+     ["yes", "no", "noyes", "crwth", "four", "bryyyy"], ["yess", "yesno", "forty", "catyyy"]),
+    ('root ::= [ab]{4}', ["aaaa", "bbbb", "abab"], ["a", "b", "aaaaa"]),
+    ('root ::= [ab]{4,}', ["aaaa", "aaaaab", "bbbb", "ababab"], ["", "aba"]),
+    ('root ::= [ab]{0,4}', ["", "a", "aa", "aaa", "aaab"], ["aaaaa"]),
+    ('root ::= ... "abc" ...', ["abcabcabc", "aaaabcccc", "🔵🟠✅abc❌🟠🔵"],
+     ["aaabcccc", "aaaaabcccc", "aaaabccc", "aaaabccccc", "🔵🟠✅❌abc❌✅🟠🔵", "🔵🟠abc🟠🔵"]),
+    ('root ::= expression\n'
+     'expression ::= term ws (("+"|"-") ws term)*\n'
+     'term ::= factor ws (("*"|"/") ws factor)*\n'
+     'factor ::= number | variable | "(" expression ")" | function-call\n'
+     'number ::= [0-9]+\n'
+     'variable ::= [a-zA-Z_][a-zA-Z0-9_]*\n'
+     'function-call ::= variable ws "(" (expression ("," ws expression)*)? ")"\n'
+     'ws ::= [ \\t\\n\\r]?',
+     ["42", "1*2*3*4*5", "x", "x+10", "x1+y2", "(a+b)*(c-d)", "func()", "func(x,y+2)", "a*(b+c)-d/e",
+      "f(g(x),h(y,z))", "x + 10", "x1 + y2", "(a + b) * (c - d)", "func(x, y + 2)", "a * (b + c) - d / e",
+      "f(g(x), h(y, z))", "123+456", "123*456*789-123/456+789*123"],
+     ["+", "/ 3x", "x + + y", "a * / b", "func(,)", "func(x y)", "(a + b", "x + y)", "a + b * (c - d", "42 +",
+      "x +", "x + 10 +", "(a + b) * (c - d", "func(", "func(x, y + 2", "a * (b + c) - d /", "f(g(x), h(y, z)"]),
+]
+
+
+@pytest.mark.parametrize("text,good,bad", INTEGRATION_GRAMMARS, ids=lambda x: x[:30] if isinstance(x, str) else "")
+def test_llama_cpp_integration_grammars(text, good, bad):
+    for s in good:
+        assert _accepts(text, s), s
+    for s in bad:
+        assert not _accepts(text, s), s
+
+
+INTEGRATION_SCHEMAS = [
+    ({"type": "integer", "minimum": 0}, ["0", "10", "12", "10000"], ["-1", "-10", "-10000", "00", "01", "-0"]),
+    ({"type": "integer", "minimum": 2}, ["2", "3", "4", "10", "20", "1234567890000000"], ["0", "1", "-1", "-100", "01", "02"]),
+    ({"type": "integer", "minimum": 456}, ["456", "4560", "457", "460", "500"], ["455", "356", "50", "050", "-1", "-456"]),
+    ({"type": "integer", "minimum": -123}, ["-123", "-122", "-11", "-1", "0", "1", "123", "1234", "2345"],
+     ["-1234", "-124"]),
+    ({"type": "integer", "maximum": 9999}, ["-99999", "0", "9999"], ["10000", "99991"]),
+    ({"type": "integer", "maximum": -9999}, ["-10000", "-9999"], ["-9998", "0", "9999"]),
+    ({"type": "integer", "minimum": 5, "maximum": 30}, ["5", "10", "30"], ["05", "4", "-1", "31", "123", "0123"]),
+    ({"type": "integer", "minimum": -1, "maximum": 1}, ["-1", "0", "1"], ["-11", "-10", "-2", "2", "10", "11"]),
+    ({"type": "integer", "minimum": -123, "maximum": 42},
+     ["-123", "-122", "-13", "-11", "-2", "-1", "0", "1", "5", "10", "39", "40", "42"],
+     ["-0123", "-124", "-1123", "-200", "43", "123", "0123"]),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10000}, ["1", "9999"], ["0", "01", "10000", "99999"]),
+    ({"type": "object"}, ["{}", '{"foo": "bar"}'], ["", "[]", "null", '""', "true"]),
+]
+
+
+@pytest.mark.parametrize("schema,good,bad", INTEGRATION_SCHEMAS, ids=lambda x: json.dumps(x)[:40] if isinstance(x, dict) else "")
+def test_llama_cpp_integration_schemas(schema, good, bad):
+    for s in good:
+        assert _schema_accepts(schema, s), s
+    for s in bad:
+        assert not _schema_accepts(schema, s), s
