@@ -16,7 +16,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 
 import synapse_nb
 from synapse_nb.grammar import Grammar, GrammarMatcher

@@ -122,8 +122,9 @@ class ParallelSession:
         then up to n_predict generated tokens (-1: until its context is full). sampler: a
         synapse_nb.Sampler (its accept_many(prompt) is called here, as Session.generate does),
         or None for argmax. grammar: a synapse_nb.grammar.GrammarMatcher constraining argmax
-        (as Session.greedy_tokens; with a sampler, give it to the Sampler). The sequence starts at the next step with a free slot. Raises
-        SynapseError for bad ids or a prompt longer than n_ctx."""
+        (as Session.greedy_tokens; with a sampler, give it to the Sampler). The sequence starts
+        at the next step with a free slot. Raises SynapseError for bad ids or a prompt longer
+        than n_ctx."""
         hp = self.model.hparams
         prompt = [int(t) for t in prompt]
         if not prompt:

@@ -412,7 +412,11 @@ SCHEMA_LANGUAGES = [
 ]
 
 
-@pytest.mark.parametrize("schema,good,bad", SCHEMA_LANGUAGES, ids=lambda x: json.dumps(x)[:40] if isinstance(x, dict) else "")
+def _schema_id(x):
+    return json.dumps(x)[:40] if isinstance(x, dict) else ""
+
+
+@pytest.mark.parametrize("schema,good,bad", SCHEMA_LANGUAGES, ids=_schema_id)
 def test_schema_grammar_language(schema, good, bad):
     """The converted grammar accepts the JSON the schema allows and refuses what it does not."""
     for s in good:
@@ -615,8 +619,10 @@ def test_llama_cpp_integration_grammars(text, good, bad):
 
 INTEGRATION_SCHEMAS = [
     ({"type": "integer", "minimum": 0}, ["0", "10", "12", "10000"], ["-1", "-10", "-10000", "00", "01", "-0"]),
-    ({"type": "integer", "minimum": 2}, ["2", "3", "4", "10", "20", "1234567890000000"], ["0", "1", "-1", "-100", "01", "02"]),
-    ({"type": "integer", "minimum": 456}, ["456", "4560", "457", "460", "500"], ["455", "356", "50", "050", "-1", "-456"]),
+    ({"type": "integer", "minimum": 2}, ["2", "3", "4", "10", "20", "1234567890000000"],
+     ["0", "1", "-1", "-100", "01", "02"]),
+    ({"type": "integer", "minimum": 456}, ["456", "4560", "457", "460", "500"],
+     ["455", "356", "50", "050", "-1", "-456"]),
     ({"type": "integer", "minimum": -123}, ["-123", "-122", "-11", "-1", "0", "1", "123", "1234", "2345"],
      ["-1234", "-124"]),
     ({"type": "integer", "maximum": 9999}, ["-99999", "0", "9999"], ["10000", "99991"]),
@@ -626,12 +632,13 @@ INTEGRATION_SCHEMAS = [
     ({"type": "integer", "minimum": -123, "maximum": 42},
      ["-123", "-122", "-13", "-11", "-2", "-1", "0", "1", "5", "10", "39", "40", "42"],
      ["-0123", "-124", "-1123", "-200", "43", "123", "0123"]),
-    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10000}, ["1", "9999"], ["0", "01", "10000", "99999"]),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10000}, ["1", "9999"],
+     ["0", "01", "10000", "99999"]),
     ({"type": "object"}, ["{}", '{"foo": "bar"}'], ["", "[]", "null", '""', "true"]),
 ]
 
 
-@pytest.mark.parametrize("schema,good,bad", INTEGRATION_SCHEMAS, ids=lambda x: json.dumps(x)[:40] if isinstance(x, dict) else "")
+@pytest.mark.parametrize("schema,good,bad", INTEGRATION_SCHEMAS, ids=_schema_id)
 def test_llama_cpp_integration_schemas(schema, good, bad):
     for s in good:
         assert _schema_accepts(schema, s), s

@@ -6,7 +6,6 @@ dead state (no stack survives) and -2 a transition not computed yet. Such (state
 are listed for the caller (Python computes them and runs the pass again).
 """
 
-import numpy as np
 from numba import njit
 
 

@@ -447,7 +447,8 @@ def parse_grammar(text: str, root: str = "root", tokenize=None):
     try:
         for i in range(n):
             if not visited[i] and _left_recursion(rules, i, visited, in_progress, empty):
-                raise SynapseError(f"grammar: left recursion in rule '{names.get(i, i)}' (unsupported, as in llama.cpp)")
+                raise SynapseError(f"grammar: left recursion in rule '{names.get(i, i)}' "
+                                   f"(unsupported, as in llama.cpp)")
     finally:
         sys.setrecursionlimit(old)
     return rules, dict(p.symbol_ids), p.symbol_ids[root]

@@ -78,7 +78,8 @@ class _Sampling(_Strict):
                 "presence_penalty", "frequency_penalty", "seed", "min_keep", "top_n_sigma", "xtc_probability",
                 "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "logit_bias", "ignore_eos", "grammar",
                 "json_schema")
-        return {k: getattr(self, k) for k in keys if k not in ("grammar", "json_schema") or getattr(self, k) is not None}
+        return {k: getattr(self, k) for k in keys
+                if k not in ("grammar", "json_schema") or getattr(self, k) is not None}
 
 
 class CompletionRequest(_Sampling):
