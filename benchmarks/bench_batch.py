@@ -4,8 +4,8 @@
 
 For --prompts prompts of --n-predict tokens each (--ignore-eos, so every prompt generates
 exactly that many), it times, as wall clock of the whole command:
-  - `llama-decode MODEL --batch IN --output OUT -j 1 -t 2` (one process, 2 threads);
-  - the same with `-j 2 -t 1` (2 worker processes of 1 thread);
+  - `llama-decode MODEL --batch IN --output OUT --workers 1 -t 2` (one process, 2 threads);
+  - the same with `--workers 2 -t 1` (2 worker processes of 1 thread);
   - one `llama-decode MODEL PROMPT --json -t 2` run per prompt, one after the other (half of
     them before the batch runs and half after, so that a change of load over the run weighs on
     both sides alike).
@@ -73,8 +73,8 @@ def main() -> None:
         half = len(prompts) // 2
         separate(prompts[:half])
         rows = []
-        for label, extra in (("batch, 1 worker x 2 threads", ["-j", 1, "-t", 2]),
-                             ("batch, 2 workers x 1 thread", ["-j", 2, "-t", 1])):
+        for label, extra in (("batch, 1 worker x 2 threads", ["--workers", 1, "-t", 2]),
+                             ("batch, 2 workers x 1 thread", ["--workers", 2, "-t", 1])):
             out = Path(d) / f"out{len(rows)}.jsonl"
             dt, _ = cli(a.model, "--batch", inp, "--output", out, "-n", n, "--ignore-eos", *extra)
             got = sum(len(json.loads(line)["tokens"]) for line in out.read_text().splitlines())

@@ -181,7 +181,7 @@ class _Compiling:
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
          no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out,
-         prefill_check, verbose, sampling=None, chat=None):
+         prefill_check, verbose, sampling=None, chat=None, grammar_opts=None):
     import numpy as np
 
     from synapse_nb import SynapseError
@@ -199,7 +199,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         if bad:
             raise click.UsageError(f"{bad[0]} does not apply to -cnv/--conversation or -st/--single-turn")
         return _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json,
-                     verbose, chat, sampling)
+                     verbose, chat, sampling, grammar_opts)
     if chat is not None and (chat["system_prompt"] is not None or chat["chat_template_file"] is not None):
         raise click.UsageError("-sys/--system-prompt and --chat-template-file apply to -cnv/--conversation or "
                                "-st/--single-turn")
@@ -208,6 +208,11 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if logits_out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(logits_out))):
         raise click.BadParameter(f"{logits_out}: no such directory", param_hint="--logits-out")
 
+    from synapse_nb.grammar import grammar_from_options
+
+    grammar_text = grammar_from_options(**(grammar_opts or {}))  # files and schemas checked before the model loads
+    if grammar_text is not None and (prefill_check or tokenize_only):
+        raise click.UsageError("a grammar or JSON schema does not apply to --prefill-check or --tokenize")
     t_start = time.perf_counter()
     path = resolve_model(model_arg)
     if logits_out is not None:
@@ -249,11 +254,12 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_ctx = session.n_ctx
     _warn_n_ctx(n_ctx, hp)
     sampler = None
+    matcher = _grammar_matcher(grammar_text, tok, verbose)
     if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
         from synapse_nb.sampling import sampler_from_options
 
         sampler = sampler_from_options(sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
-                                       has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+                                       has_eos=tok.eos_id is not None, ignore_eos=ignore_eos, grammar=matcher)
     if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
         _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False
@@ -322,7 +328,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
     eog = session.eog_ids(ignore_eos)  # the tokens that end the generation (not printed)
     try:
-        for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler):
+        for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler,
+                                         grammar=matcher if sampler is None else None):
             generated.append(nxt)
             if stream is not None and nxt not in eog:
                 piece = stream.push(tok.token_to_piece(nxt, special=False))
@@ -373,7 +380,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
 
 def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, as_json, verbose, chat,
-          sampling=None):
+          sampling=None, grammar_opts=None):
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
     from synapse_nb.chat import chat_renderer, has_chat_template, read_template_file, run_conversation
     from synapse_nb.model import load_model
@@ -385,6 +392,9 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     template = origin = None
     if chat["chat_template_file"] is not None:
         template, origin = read_template_file(chat["chat_template_file"]), chat["chat_template_file"]
+    from synapse_nb.grammar import grammar_from_options
+
+    grammar_text = grammar_from_options(**(grammar_opts or {}))
     path = resolve_model(model_arg)
     model = load_model(path)
     hp = model.hparams
@@ -405,8 +415,9 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
+    matcher = _grammar_matcher(grammar_text, tok, verbose)
     sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
-                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos)
+                                   has_eos=tok.eos_id is not None, ignore_eos=ignore_eos, grammar=matcher)
     if sampler is not None:
         _log(f"sampler seed: {sampler.seed}")
 
@@ -421,7 +432,28 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     return run_conversation(model, session, first_user=first, system_prompt=chat["system_prompt"],
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
-                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler)
+                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler,
+                            grammar=matcher)
+
+
+def _grammar_text(grammar_opts):
+    from synapse_nb.grammar import grammar_from_options
+
+    return grammar_from_options(**grammar_opts)
+
+
+def _grammar_matcher(grammar_text, tok, verbose):
+    """A GrammarMatcher for the grammar text (None: no grammar); the vocabulary's index is built here."""
+    if grammar_text is None:
+        return None
+    from synapse_nb.grammar import Grammar, GrammarMatcher
+
+    t0 = time.perf_counter()
+    g = Grammar(grammar_text, tokenizer=tok)
+    m = GrammarMatcher(g, tok)
+    if verbose:
+        _log(f"grammar: {len(g.rules)} rules, vocabulary indexed in {1e3 * (time.perf_counter() - t0):.0f} ms")
+    return m
 
 
 def _warn_n_ctx(n_ctx: int, hp) -> None:
@@ -523,7 +555,7 @@ def _sampling_options(f):
 
 
 def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_parallel, single, **options):
-    """--batch IN --output OUT [-j N] [--ray [ADDRESS]]: synapse_nb.batch.run_file does the work."""
+    """--batch IN --output OUT [--workers N] [--ray [ADDRESS]]: synapse_nb.batch.run_file does the work."""
     from synapse_nb.batch import run_file
 
     if batch_in is None or batch_out is None:
@@ -580,7 +612,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
               help='Batch mode: one input per line, {"id": ..., "prompt": "..."} or {"id": ..., "tokens": [...]}.')
 @click.option("--output", "batch_out", type=str, default=None, metavar="OUT.jsonl",
               help="Batch results, one line per input, appended as they are done; a re-run skips ids already in it.")
-@click.option("-j", "--workers", type=_COUNT, default=None,
+@click.option("--workers", type=_COUNT, default=None,
               help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Batch mode on Ray: a local Ray, or join the cluster at ADDRESS (pip install 'synapse_nb[ray]').")
@@ -592,14 +624,21 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
 @click.option("--kl-divergence", "kl_div", is_flag=True,
               help="KL divergence of our token distributions against --kl-divergence-base FILE.")
 @click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
+@click.option("--grammar", type=str, default=None, metavar="GBNF",
+              help="Constrain the output with this GBNF grammar (llama.cpp's grammar syntax).")
+@click.option("--grammar-file", type=str, default=None, metavar="FILE", help="The GBNF grammar from FILE.")
+@click.option("-j", "--json-schema", type=str, default=None, metavar="SCHEMA",
+              help="Constrain the output to JSON of this JSON schema (converted to GBNF as llama.cpp does).")
+@click.option("-jf", "--json-schema-file", type=str, default=None, metavar="FILE", help="The JSON schema from FILE.")
 @_sampling_options
 @server_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
                  no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
                  prompt_opt, conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
-                 workers, ray_address, ppl, kld_base, kl_div, chunks, server, host, port, n_parallel, api_key,
-                 server_timeout, max_queue, no_webui, **sampling):
+                 workers, ray_address, ppl, kld_base, kl_div, chunks, grammar, grammar_file, json_schema,
+                 json_schema_file, server, host, port, n_parallel, api_key, server_timeout, max_queue, no_webui,
+                 **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -629,6 +668,8 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
         _log(_one_line(f"warning: {category.__name__}: {message}"))
 
     warnings.showwarning = _warn
+    grammar_opts = dict(grammar=grammar, grammar_file=grammar_file, json_schema=json_schema,
+                        json_schema_file=json_schema_file)
     try:
         if model_opt is not None:  # -m: the arguments are PROMPT only
             if prompt is not None:
@@ -659,21 +700,25 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                               batch_size=batch_size, threads=threads,
                               n_predict=n_predict if _given("n_predict") else -1, sampling=sampling,
                               chat_template_file=chat_template_file, jinja=jinja, verbose=verbose, log=_log,
-                              compiling=_Compiling)
+                              compiling=_Compiling, grammar=_grammar_text(grammar_opts))
         elif ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from . import perplexity as _ppl
 
             if logits_out is not None or prefill_check or tokenize_only:
                 raise click.UsageError("--perplexity / --kl-divergence do not combine with --logits-out, "
                                        "--prefill-check or --tokenize")
+            if any(v is not None for v in grammar_opts.values()):
+                raise click.UsageError("a grammar or JSON schema does not apply to --perplexity / --kl-divergence")
 
             code = _ppl.run(model, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_div, tokens,
                             as_json, verbose)
         elif batch_in is not None or batch_out is not None or workers is not None or ray_address is not None:
             from synapse_nb.sampling import given_options
 
+            from synapse_nb.grammar import grammar_from_options
+
             code = _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_parallel or 1,
-                              n_predict=n_predict,
+                              n_predict=n_predict, grammar=grammar_from_options(**grammar_opts),
                               n_ctx=ctx_size, n_batch=batch_size, ignore_eos=ignore_eos,
                               add_special=not no_add_special, parse_special=not no_parse_special,
                               sampling=given_options(sampling) or None,
@@ -688,7 +733,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                         chat_template_file=chat_template_file, jinja=jinja)
             code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                         no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
-                        sampling=sampling, chat=chat)
+                        sampling=sampling, chat=chat, grammar_opts=grammar_opts)
     except click.ClickException:
         raise
     except SynapseError as e:

@@ -35,7 +35,7 @@ def server_options(f):
 
 
 def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
-               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling) -> int:
+               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, grammar=None) -> int:
     """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0."""
     from synapse_nb.chat import read_template_file
     from synapse_nb.sampling import given_options
@@ -60,7 +60,7 @@ def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue
         llama = Llama(model_arg, model=model, n_ctx=ctx_size, n_threads=threads or os.cpu_count() or 1,
                       n_batch=batch_size, n_parallel=n_parallel or 4, seed=seed, sampling=defaults,
                       n_predict=n_predict, chat_template=template, chat_template_origin=chat_template_file,
-                      jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose)
+                      jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose, grammar=grammar)
         if template is not None or model.tokenizer.chat_template is not None:
             llama.apply_chat_template([{"role": "user", "content": "Hello"}])  # a bad template: now
     except BaseException:

@@ -17,6 +17,7 @@ Modules, one concern each:
   decode_threads  a decode step's thread count, from its measured time
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
+  grammar/    GBNF grammars and JSON schemas as llama.cpp: parser, matcher, schema conversion
   chat        chat templates rendered as llama.cpp, conversations on one KV cache
   perplexity  perplexity and KL divergence as llama-perplexity computes them
   jit         Numba process setup: the compile notice's watch, llama-decode's fast_start

@@ -200,7 +200,8 @@ class Llama:
     def __init__(self, model_path, *, n_ctx: int | None = None, n_threads: int | None = None, n_batch: int = 64,
                  n_parallel: int = 1, seed: int = -1, n_predict: int = -1, sampling: dict | None = None,
                  chat_template: str | None = None, chat_template_origin: str | None = None, jinja: bool = True,
-                 max_queue: int | None = None, warmup: bool = True, verbose: bool = False, model=None, **ignored):
+                 max_queue: int | None = None, warmup: bool = True, verbose: bool = False, model=None,
+                 grammar: str | None = None, **ignored):
         import os
 
         from .parallel import ParallelSession
@@ -228,6 +229,11 @@ class Llama:
         self.sampling["seed"] = seed if seed is not None else -1
         Sampler(**{**self.sampling, "seed": 0}, n_vocab=model.hparams.n_vocab)  # bad defaults: now
         self.chat_template, self.chat_template_origin, self.jinja = chat_template, chat_template_origin, jinja
+        self._grammars: dict = {}  # GBNF text -> compiled Grammar, shared by the requests that use it
+        self._grammar_lock = threading.Lock()
+        self.default_grammar = grammar or None  # the CLI's --grammar / -j: for requests without their own
+        if self.default_grammar is not None:
+            self.grammar({})  # a bad grammar fails now; the vocabulary is indexed once, here
         self._render = None
         self.metrics = {"requests": 0, "prompt_tokens": 0, "predicted_tokens": 0, "errors": 0}
         if warmup:
@@ -302,8 +308,49 @@ class Llama:
                                f"(n_ctx = {self.n_ctx}); shorten it")
         return ids
 
+    def grammar(self, options: dict):
+        """The GrammarMatcher of a request, or None, from llama-server's fields: "grammar" (GBNF
+        text), "json_schema" (a JSON schema; "grammar" wins when both are given, as in
+        llama-server's /completion), "response_format" ({"type": "json_object"[, "schema": ...]}
+        or {"type": "json_schema", "json_schema": {"schema": ...}}, as llama-server maps it on
+        /v1/chat/completions; with "grammar" it is an error). Raises SynapseError for a bad one."""
+        from .grammar import Grammar, GrammarMatcher, json_schema_to_grammar
+
+        text = options.get("grammar")
+        schema = options.get("json_schema")
+        fmt = options.get("response_format")
+        if fmt is not None:
+            if not isinstance(fmt, dict):
+                raise SynapseError("response_format must be an object")
+            kind = fmt.get("type", "")
+            if kind == "json_object":
+                schema = fmt.get("schema", {})
+            elif kind == "json_schema":
+                wrapper = fmt.get("json_schema", {})
+                schema = wrapper.get("schema", {}) if isinstance(wrapper, dict) else {}
+            elif kind not in ("", "text"):
+                raise SynapseError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+        if fmt is not None and schema is not None and text is not None:
+            raise SynapseError("Cannot use both json_schema and grammar")
+        if text is None and schema is not None:
+            text = json_schema_to_grammar(schema)
+        if text is None and schema is None and fmt is None:
+            text = self.default_grammar
+        if text is not None and not isinstance(text, str):
+            raise SynapseError("grammar must be a string (GBNF text)")
+        if not text:
+            return None
+        with self._grammar_lock:
+            g = self._grammars.get(text)
+            if g is None:
+                if len(self._grammars) >= 32:
+                    self._grammars.clear()
+                g = self._grammars[text] = Grammar(text, tokenizer=self.tokenizer)
+            return GrammarMatcher(g, self.tokenizer)
+
     def sampler(self, options: dict):
-        """The Sampler of a request: its options (REQUEST_SAMPLING names, logit_bias) over the defaults."""
+        """The Sampler of a request: its options (REQUEST_SAMPLING names, logit_bias) over the defaults,
+        with the request's grammar (see grammar())."""
         from .sampling import Sampler
 
         params = dict(self.sampling)
@@ -319,8 +366,9 @@ class Llama:
 
             bias += eog_logit_bias(self.tokenizer.eog_ids)
         params["logit_bias"] = list(params.get("logit_bias") or ()) + bias
+        grammar = self.grammar(options)
         try:
-            return Sampler(**params, n_vocab=self.model.hparams.n_vocab)
+            return Sampler(**params, n_vocab=self.model.hparams.n_vocab, grammar=grammar)
         except SynapseError as e:
             msg = str(e)
             for field, key in REQUEST_SAMPLING.items():

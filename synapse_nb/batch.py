@@ -6,7 +6,9 @@ One input per JSONL line, one output line per input:
        optional per line: "n_predict" (int >= 0) and sampling options named as the
        parameters of synapse_nb.Sampler (temp, top_k, top_p, min_p, typical_p, min_keep,
        penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty, top_n_sigma,
-       xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent, seed, logit_bias).
+       xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent, seed, logit_bias);
+       "grammar" (GBNF text) or "json_schema" (a JSON schema, object or text) to constrain the
+       output as llama.cpp does (synapse_nb.grammar), instead of the run's grammar.
   out: {"id", "prompt_tokens", "tokens", "text", "stop", "timings"}   (as llama-decode --json)
        {"id", "error"}                                               (a bad line; the run goes on)
 
@@ -45,8 +47,9 @@ from .errors import SynapseError
 SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "penalty_last_n", "repeat_penalty",
                  "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
                  "dynatemp_range", "dynatemp_exponent", "seed", "logit_bias")
-INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS
-DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling")
+INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS + ("grammar", "json_schema")
+DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling",
+                   "grammar")
 RESULT_KEYS = ("id", "prompt_tokens", "tokens", "text", "stop", "timings")
 # The longest line of IN or OUT read (a prompt that fits a 128k context is at most 8 MiB of text,
 # see inputs.BYTES_PER_TOKEN; JSON escapes can make it a few times longer): a longer line, or a
@@ -189,12 +192,13 @@ class Decoder:
     n_threads: Numba threads (default: Numba's setting). ignore_eos, add_special, parse_special:
     as the CLI's --ignore-eos, --no-add-special, --no-parse-special. sampling: default sampling
     options (Sampler parameter names) that a line's own keys override; empty means greedy.
-    Loads and warms up the kernels on construction; raises SynapseError for a bad model/option.
+    grammar: GBNF text constraining every line without its own "grammar" / "json_schema" (None:
+    unconstrained). Loads and warms up the kernels on construction; raises SynapseError for a bad model/option.
     """
 
     def __init__(self, model, *, n_predict: int = 128, n_ctx: int | None = None, n_batch: int = 64,
                  n_threads: int | None = None, ignore_eos: bool = False, add_special: bool = True,
-                 parse_special: bool = True, sampling: dict | None = None):
+                 parse_special: bool = True, sampling: dict | None = None, grammar: str | None = None):
         if not isinstance(model, (str, os.PathLike)):
             self.model = model
         else:
@@ -211,6 +215,10 @@ class Decoder:
         self.add_special = add_special
         self.parse_special = parse_special
         self.sampling = dict(sampling or {})
+        self._grammars: dict = {}  # GBNF text -> compiled Grammar (its transitions cached across lines)
+        self.grammar = grammar or None
+        if self.grammar is not None:
+            self._grammar(self.grammar)  # a bad grammar fails the run, not each line
         # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.
         from .session import Session, warmup as session_warmup
 
@@ -218,8 +226,38 @@ class Decoder:
         self.n_threads = self.session.n_threads or _numba_threads()
         session_warmup(self.model)
 
+    def _grammar(self, text: str):
+        g = self._grammars.get(text)
+        if g is None:
+            from .grammar import Grammar
+
+            if len(self._grammars) >= 16:
+                self._grammars.clear()
+            g = self._grammars[text] = Grammar(text, tokenizer=self.model.tokenizer)
+        return g
+
+    def _matcher(self, obj: dict):
+        """The line's GrammarMatcher ("grammar", "json_schema", else the run's grammar), or None."""
+        if "grammar" in obj and "json_schema" in obj:
+            raise SynapseError("give at most one of \"grammar\" and \"json_schema\"")
+        text = self.grammar
+        if "grammar" in obj:
+            if not isinstance(obj["grammar"], str):
+                raise SynapseError("\"grammar\" must be a string (GBNF text)")
+            text = obj["grammar"] or None
+        elif "json_schema" in obj:
+            from .grammar import json_schema_to_grammar
+
+            text = json_schema_to_grammar(obj["json_schema"])
+        if text is None:
+            return None
+        from .grammar import GrammarMatcher
+
+        return GrammarMatcher(self._grammar(text), self.model.tokenizer)
+
     def _parse(self, obj: dict):
-        """(prompt ids, n_predict, sampler or None) of one input; SynapseError for a bad value."""
+        """(prompt ids, n_predict, sampler or None, grammar matcher or None) of one input;
+        SynapseError for a bad value."""
         hp = self.model.hparams
         unknown = [k for k in obj if k not in INPUT_KEYS]
         if unknown:
@@ -248,6 +286,7 @@ class Decoder:
             raise SynapseError(f"prompt ({len(ids)} tokens) + n_predict ({n_predict}) = {need} exceeds the context "
                                f"size n_ctx = {self.session.n_ctx}")
         params = {**self.sampling, **{k: obj[k] for k in SAMPLING_KEYS if k in obj}}
+        matcher = self._matcher(obj)
         sampler = None
         if params:
             cls = _sampler_class()
@@ -263,12 +302,12 @@ class Decoder:
                     raise SynapseError("\"logit_bias\" must be a list of [token id, bias] pairs")
                 params["logit_bias"] = list(own) + [(int(t), float("-inf")) for t in sorted(tok.eog_ids)]
             try:
-                sampler = cls(**params, n_vocab=hp.n_vocab)
+                sampler = cls(**params, n_vocab=hp.n_vocab, **({"grammar": matcher} if matcher else {}))
             except SynapseError:
                 raise
             except (TypeError, ValueError) as e:
                 raise SynapseError(f"sampling options: {e}") from None
-        return list(ids), n_predict, sampler
+        return list(ids), n_predict, sampler, matcher
 
     def decode(self, obj: dict) -> dict:
         """Decode one input (a dict as read_inputs returns) into its result dict.
@@ -281,7 +320,7 @@ class Decoder:
         from time import perf_counter
 
         try:
-            ids, n_predict, sampler = self._parse(obj)
+            ids, n_predict, sampler, matcher = self._parse(obj)
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
         s = self.session
@@ -302,6 +341,8 @@ class Decoder:
                 extra["sampler"] = sampler
                 if hasattr(sampler, "accept_many"):  # as llama-completion: the prompt fills the penalty window
                     sampler.accept_many(ids)
+            elif matcher is not None:
+                extra["grammar"] = matcher
             generated, stop = [], "length"
             for nxt in s.greedy_tokens(logits, n_predict, self.ignore_eos, on_logits=on_logits, **extra):
                 generated.append(nxt)
@@ -349,11 +390,12 @@ class Decoder:
                     exhausted = True
                     break
                 try:
-                    ids, n_predict, sampler = self._parse(obj)
+                    ids, n_predict, sampler, matcher = self._parse(obj)
                 except SynapseError as e:
                     yield {"id": obj.get("id"), "error": _one_line(e)}
                     continue
-                seq = ps.add(ids, n_predict, sampler=sampler, ignore_eos=self.ignore_eos)
+                seq = ps.add(ids, n_predict, sampler=sampler, ignore_eos=self.ignore_eos,
+                             grammar=matcher if sampler is None else None)
                 running[seq] = [obj, ids, sampler, perf_counter(), None]
             if not running:
                 return

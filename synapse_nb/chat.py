@@ -430,9 +430,12 @@ class Conversation:
     """
 
     def __init__(self, session, render, system_prompt: str | None = None, ignore_eos: bool = False,
-                 sampler=None):
+                 sampler=None, grammar=None):
         self.session = session
         self.sampler = sampler  # None: greedy; else a synapse_nb.Sampler (llama.cpp's chain)
+        # a synapse_nb.grammar.GrammarMatcher constraining every reply (from its start), or None;
+        # with a sampler, the sampler's own (sampler.grammar)
+        self.grammar = grammar if sampler is None else getattr(sampler, "grammar", None)
         self.tokenizer = session.model.tokenizer
         self.render = render
         self.ignore_eos = ignore_eos
@@ -489,6 +492,8 @@ class Conversation:
             t1 = time.perf_counter()
             if self.sampler is not None:  # as llama-completion: the turn's input tokens fill the penalty window
                 self.sampler.accept_many(full[k:])
+            if self.grammar is not None:
+                self.grammar.reset()  # each reply follows the grammar from its start
             # llama-completion stops when n_past + 1 >= n_ctx: the last position stays free, and the
             # token chosen from the logits before it is the reply's last.
             room = n_ctx - s.n_past
@@ -499,7 +504,8 @@ class Conversation:
                 evaluated.append(gen[-1])
                 res.n_decoded += 1
 
-            for tok in s.greedy_tokens(logits, cap, self.ignore_eos, on_logits=on_logits, sampler=self.sampler):
+            for tok in s.greedy_tokens(logits, cap, self.ignore_eos, on_logits=on_logits, sampler=self.sampler,
+                                       grammar=self.grammar if self.sampler is None else None):
                 gen.append(tok)
                 if tok in eog:
                     res.stop = "eog"
@@ -572,7 +578,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
                      single_turn: bool = False, n_predict: int = -1, jinja: bool = True,
                      chat_template: str | None = None, template_origin: str | None = None,
                      ignore_eos: bool = False, as_json: bool = False, verbose: bool = False,
-                     log=None, warmup=None, sampler=None) -> int:
+                     log=None, warmup=None, sampler=None, grammar=None) -> int:
     """The CLI's -cnv (conversation) and -st (single turn); returns the exit status.
 
     Turns: first_user (PROMPT/-p/-f) if given, then one line of standard input per turn ("> " on a
@@ -590,7 +596,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     tok = model.tokenizer
     log = log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
     render = chat_renderer(tok, chat_template, template_origin, jinja, system_prompt)
-    conv = Conversation(session, render, system_prompt, ignore_eos=ignore_eos, sampler=sampler)
+    conv = Conversation(session, render, system_prompt, ignore_eos=ignore_eos, sampler=sampler, grammar=grammar)
     if first_user is not None:
         conv.check_fits(conv.prompt_tokens(first_user))  # before the wait for the kernels
     if warmup is not None:

@@ -51,6 +51,7 @@ class Sequence:
     prompt: list
     n_predict: int
     sampler: object = None
+    grammar: object = None  # a GrammarMatcher for argmax decoding (a sampler holds its own)
     eog: frozenset = frozenset()
     on_token: object = None
     on_done: object = None
@@ -116,12 +117,14 @@ class ParallelSession:
 
     # ------------------------------------------------------------------ sequences
     def add(self, prompt, n_predict: int = -1, sampler=None, ignore_eos: bool = False, on_token=None,
-            on_done=None, keep_logits: bool = False) -> Sequence:
+            on_done=None, keep_logits: bool = False, grammar=None) -> Sequence:
         """Queue a sequence: prompt (token ids, at least one, at most n_ctx),
         then up to n_predict generated tokens (-1: until its context is full). sampler: a
         synapse_nb.Sampler (its accept_many(prompt) is called here, as Session.generate does),
-        or None for argmax. The sequence starts at the next step with a free slot. Raises
-        SynapseError for bad ids or a prompt longer than n_ctx."""
+        or None for argmax. grammar: a synapse_nb.grammar.GrammarMatcher constraining argmax
+        (as Session.greedy_tokens; with a sampler, give it to the Sampler). The sequence starts
+        at the next step with a free slot. Raises SynapseError for bad ids or a prompt longer
+        than n_ctx."""
         hp = self.model.hparams
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -134,8 +137,10 @@ class ParallelSession:
         if not isinstance(n_predict, (int, np.integer)) or n_predict < -1:
             raise SynapseError(f"n_predict must be >= 0, or -1 for no limit, got {n_predict!r}")
         eog = frozenset() if ignore_eos else frozenset(self.model.tokenizer.eog_ids)
-        seq = Sequence(prompt=prompt, n_predict=int(n_predict), sampler=sampler, eog=eog, on_token=on_token,
-                       on_done=on_done, keep_logits=keep_logits)
+        if grammar is not None and sampler is not None:
+            raise SynapseError("give the grammar to the Sampler (Sampler(..., grammar=...)), not to add")
+        seq = Sequence(prompt=prompt, n_predict=int(n_predict), sampler=sampler, grammar=grammar, eog=eog,
+                       on_token=on_token, on_done=on_done, keep_logits=keep_logits)
         if sampler is not None:
             sampler.accept_many(prompt)
         with self._work:
@@ -269,6 +274,10 @@ class ParallelSession:
         if seq.keep_logits:
             seq.logits.append(row.copy())
         tok = int(np.argmax(row)) if seq.sampler is None else seq.sampler.sample(row)
+        if seq.grammar is not None:  # Session.greedy_tokens' rule: the argmax among the allowed tokens
+            if not seq.grammar.allows(tok):
+                tok = int(np.argmax(np.where(seq.grammar.allowed_mask(), row, np.float32(-np.inf))))
+            seq.grammar.accept(tok)
         seq.tokens.append(tok)
         if seq.on_token is not None:
             seq.on_token(seq, tok, row)

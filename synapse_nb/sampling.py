@@ -248,16 +248,23 @@ class Sampler:
     must be 0 (DRY is not implemented); dry_base, dry_allowed_length and dry_penalty_last_n are
     accepted and unused. Raises SynapseError for a bad value.
 
+    grammar: a synapse_nb.grammar.GrammarMatcher, or None. With it, sample() does what
+    llama.cpp's common_sampler_sample does: sample with the chain, check that token against the
+    grammar, and if the grammar rejects it, apply the grammar to all the logits (rejected ones
+    -inf) and run the chain again (so dist draws again); the token is then accepted by the
+    grammar, then by the chain. accept() / accept_many() (the prompt) go to the chain only.
+
     Attributes: ``chain`` (sampler names as llama.cpp prints them, "?x" for a disabled one),
-    ``seed``, and after each sample(): ``last_u`` (dist's uniform draw), ``last_n_candidates``,
-    ``last_p`` (the token's probability after the chain).
+    ``seed``, ``grammar``, and after each sample(): ``last_u`` (dist's uniform draw),
+    ``last_n_candidates``, ``last_p`` (the token's probability after the chain),
+    ``last_resampled`` (the grammar rejected the first draw).
     """
 
     def __init__(self, *, temp=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, min_keep=0,
                  penalty_last_n=64, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
                  top_n_sigma=-1.0, xtc_probability=0.0, xtc_threshold=0.1, dynatemp_range=0.0,
                  dynatemp_exponent=1.0, seed=-1, logit_bias=(), dry_multiplier=0.0, dry_base=1.75,
-                 dry_allowed_length=2, dry_penalty_last_n=64, n_vocab=None):
+                 dry_allowed_length=2, dry_penalty_last_n=64, n_vocab=None, grammar=None):
         self._params = dict(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                             min_keep=min_keep, penalty_last_n=penalty_last_n, repeat_penalty=repeat_penalty,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -325,6 +332,10 @@ class Sampler:
         self.last_u = None
         self.last_n_candidates = None
         self.last_p = None
+        if grammar is not None and not all(hasattr(grammar, a) for a in ("allows", "allowed_mask", "accept")):
+            raise SynapseError("sampling: grammar must be a synapse_nb.grammar.GrammarMatcher")
+        self.grammar = grammar
+        self.last_resampled = False
 
     def __repr__(self) -> str:
         return f"Sampler(chain={' -> '.join(self.chain)}, seed={self.seed})"
@@ -366,6 +377,18 @@ class Sampler:
         c = _Cands(np.array(row, dtype=np.float32, copy=True, order="C"))
         self._apply(c)
         tok = int(c.get_ids()[c.selected])
+        g = self.grammar
+        if g is not None:
+            # common_sampler_sample: the chain's token is checked against the grammar; if it is
+            # rejected, the candidates are reset, the grammar applied to all of them (rejected
+            # logits -inf), and the chain runs again (dist draws again)
+            self.last_resampled = not g.allows(tok)
+            if self.last_resampled:
+                masked = np.where(g.allowed_mask(), np.asarray(row, dtype=np.float32), _F32(-np.inf))
+                c = _Cands(np.ascontiguousarray(masked, dtype=np.float32))
+                self._apply(c)
+                tok = int(c.get_ids()[c.selected])
+            g.accept(tok)  # common_sampler_accept: the grammar first, then the chain
         self.accept(tok)
         return tok
 
@@ -627,7 +650,7 @@ def given_options(opts: dict, n_vocab: int | None = None) -> dict:
 
 
 def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool = True,
-                         ignore_eos: bool = False):
+                         ignore_eos: bool = False, grammar=None):
     """The Sampler the command line asks for, or None for greedy decoding.
 
     opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
@@ -637,6 +660,7 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
     negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
     llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
     Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
+    grammar: a GrammarMatcher for Sampler(grammar=...), or None.
     """
     given = given_options(opts, n_vocab)
     if not given:
@@ -652,7 +676,7 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
         bias += eog_logit_bias(eog_ids)
     params["logit_bias"] = bias
     try:
-        return Sampler(**params)
+        return Sampler(**params, grammar=grammar)
     except SynapseError as e:
         msg = str(e)
         for key, flag in CLI_PARAMS.items():

@@ -272,7 +272,7 @@ class Session:
         return out if all_logits else last
 
     def generate(self, prompt_tokens, n_predict: int, ignore_eos: bool = False, on_token=None,
-                 sampler=None) -> list[int]:
+                 sampler=None, grammar=None) -> list[int]:
         """Greedy continuation: eval the prompt, then argmax (lowest id on ties) token by token.
 
         Stops after n_predict tokens (-1: no limit), at an end-of-generation token of the
@@ -285,6 +285,9 @@ class Session:
         sampler: a synapse_nb.Sampler to draw the tokens instead of argmax; the prompt tokens are
         passed to its accept() first, as llama-completion does. (ignore_eos does not bias the
         sampler: build it with logit_bias=synapse_nb.sampling.eog_logit_bias(...) for that.)
+
+        grammar: a synapse_nb.grammar.GrammarMatcher constraining greedy decoding (the highest
+        logit among the tokens it allows); with a sampler, give it to the Sampler instead.
         """
         prompt = list(prompt_tokens)
         if n_predict < -1:
@@ -302,7 +305,7 @@ class Session:
                 self.eval(prompt)
             self.stop_reason = "length"
             return out
-        for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos, sampler=sampler):
+        for tok in self.greedy_tokens(self.eval(prompt), n_predict, ignore_eos, sampler=sampler, grammar=grammar):
             out.append(tok)
             if on_token is not None and tok not in eog:
                 on_token(tok)
@@ -316,7 +319,8 @@ class Session:
     def _eog_ids(self, ignore_eos: bool) -> set:
         return set() if ignore_eos else set(self.model.tokenizer.eog_ids)
 
-    def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None, sampler=None):
+    def greedy_tokens(self, logits, n_predict: int, ignore_eos: bool = False, on_logits=None, sampler=None,
+                      grammar=None):
         """Yield tokens continuing from ``logits`` (float32 [n_vocab], the last evaluated
         position): argmax, the lowest id on ties; or, with a synapse_nb.Sampler,
         sampler.sample(logits) (which accepts the token; the caller accepts the prompt first).
@@ -328,7 +332,13 @@ class Session:
         shift, cached + generated tokens never exceed n_ctx (n_ctx - n_past tokens at most). The
         last token is yielded and not evaluated. On return self.stop_reason is "eog", "length"
         or "context" (the first that applies, in this order).
+
+        grammar (greedy only; a sampler has its own): a synapse_nb.grammar.GrammarMatcher; the
+        argmax is checked against it and, if rejected, the argmax among the allowed tokens
+        taken instead (the highest allowed logit, lowest id on ties); it accepts each token.
         """
+        if grammar is not None and sampler is not None:
+            raise SynapseError("give the grammar to the Sampler (Sampler(..., grammar=...)), not to greedy_tokens")
         eog = self._eog_ids(ignore_eos)
         self.stop_reason = None
         if n_predict == 0:
@@ -338,6 +348,10 @@ class Session:
         while self._n_past < self.n_ctx:
             # argmax: the first maximum, lowest id on ties
             tok = int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
+            if grammar is not None:
+                if not grammar.allows(tok):
+                    tok = int(np.argmax(np.where(grammar.allowed_mask(), logits, np.float32(-np.inf))))
+                grammar.accept(tok)
             i += 1
             yield tok
             if tok in eog:

@@ -1,6 +1,6 @@
 """Batch mode (synapse_nb.batch, llama-decode --batch): same tokens as one run per prompt, resumable.
 
-The reference for every path (in-process, -j 2 worker processes, Ray) is 8 separate
+The reference for every path (in-process, --workers 2 worker processes, Ray) is 8 separate
 `llama-decode MODEL ... --json` runs on SmolLM2, one per prompt: batch mode must give, per id,
 exactly their prompt tokens, tokens, text and stop. (That those runs agree with llama.cpp is
 tests/test_cli.py's job.)
@@ -118,7 +118,7 @@ def test_batch_equals_separate_runs(reference, tmp_path):
 def test_two_workers_equal_separate_runs(reference, tmp_path):
     inp = write_jsonl(tmp_path / "in.jsonl", INPUTS)
     out = tmp_path / "out.jsonl"
-    res = cli(model_path(), "--batch", inp, "--output", out, "-n", N_PREDICT, "-j", "2")
+    res = cli(model_path(), "--batch", inp, "--output", out, "-n", N_PREDICT, "--workers", "2")
     assert res.returncode == 0, res.stderr.decode()
     assert "2 worker processes" in res.stderr.decode()
     results = read_results(out)
@@ -150,7 +150,7 @@ def test_ray_equals_separate_runs(reference, tmp_path):
         # Half done already: the CLI on Ray skips those ids too.
         done = [r for r in results if r["id"] in ("capital", 2, "colors", 4)]
         out.write_bytes(b"".join(batch.result_line(r) for r in done))
-        res = cli(model_path(), "--batch", inp, "--output", out, "-n", N_PREDICT, "--ray", address, "-j", "2")
+        res = cli(model_path(), "--batch", inp, "--output", out, "-n", N_PREDICT, "--ray", address, "--workers", "2")
         assert res.returncode == 0, res.stderr.decode()
         assert res.stdout == b""
         assert f"4 already in {out}, 4 to do on Ray ({address})" in res.stderr.decode()
@@ -187,7 +187,7 @@ def test_sigkill_then_resume_gives_every_id_once(reference, tmp_path, workers):
     inp = write_jsonl(tmp_path / "in.jsonl", INPUTS)
     out = tmp_path / "out.jsonl"
     args = [sys.executable, "-m", "cli.main", str(model_path()), "--batch", str(inp), "--output", str(out),
-            "-n", str(N_PREDICT), "-j", str(workers)]
+            "-n", str(N_PREDICT), "--workers", str(workers)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
@@ -328,7 +328,7 @@ def test_bad_lines_get_an_error_field_and_the_run_goes_on(reference, tmp_path):
     (["PROMPT"], "PROMPT does not go with --batch"),
     (["--json"], "--json does not go with --batch"),
     (["--output-missing"], "needs both --batch IN.jsonl and --output OUT.jsonl"),
-    (["-j", "0"], "-j/--workers"),
+    (["--workers", "0"], "--workers"),
 ])
 def test_bad_batch_options(tmp_path, extra, what):
     inp = write_jsonl(tmp_path / "in.jsonl", INPUTS[:1])
@@ -419,7 +419,7 @@ def test_sampled_lines_equal_cli_sampling_runs(tmp_path):
     lines = [{"id": i, "prompt": "Once upon a time", **opts} for i, (opts, _) in enumerate(cases)]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
-    res = cli(model_path(), "--batch", inp, "--output", out, "-n", 16, "--ignore-eos", "-j", "2")
+    res = cli(model_path(), "--batch", inp, "--output", out, "-n", 16, "--ignore-eos", "--workers", "2")
     assert res.returncode == 0, res.stderr.decode()
     results = {r["id"]: r for r in read_results(out)}
     for i, (opts, flags) in enumerate(cases):

@@ -266,3 +266,105 @@ def test_nan_weights_give_nan_logits_and_one_warning(tmp_path):
     assert len(warn) == 1 and warn[0].startswith("warning: "), res.stderr.decode()
     logits = np.load(out)
     assert np.isnan(logits).all()
+
+
+# ---------------------------------------------------------------- grammars and JSON schemas (issue 32)
+
+GRAMMARS = DATA / "grammar"
+
+
+class _Pieces:
+    """A small vocabulary for the grammar matcher: ASCII, a few multi-byte and partial pieces, EOG last."""
+
+    def __init__(self):
+        pieces = [bytes([c]) for c in range(32, 127)] + [b"\n", b"\t", b"ab", b"{\"", b"\": ", b"12", "é".encode(),
+                                                         b"\xc3", b"\xa9", b"\xe3\x81", b"\x81", b"\x00x", b""]
+        self._p = pieces + [b"</s>"]
+        self.n_vocab = len(self._p)
+        self.eog_ids = frozenset({self.n_vocab - 1})
+
+    def token_to_piece(self, t, special=True):
+        return self._p[t]
+
+
+def _mutate_text(rng, text: str) -> str:
+    b = bytearray(text.encode())
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(4)
+        i = rng.randrange(len(b) + 1)
+        if op == 0 and b:
+            del b[min(i, len(b) - 1)]
+        elif op == 1:
+            b[i:i] = bytes([rng.choice(b'()[]{}*+?|"\\-^.#:=, \n0123456789az')])
+        elif op == 2 and b:
+            j = rng.randrange(len(b))
+            b[j] = rng.randrange(1, 256)
+        else:
+            k = rng.randrange(len(b) + 1)
+            b[i:i] = b[k:k + rng.randint(1, 8)]
+    return b.decode("utf-8", "replace")
+
+
+def test_grammar_fuzz_only_ok_or_clean():
+    """Mutated llama.cpp grammars: parsed and matched (mask, accepts) or refused with a one-line
+    SynapseError; nothing else, each case well under a second."""
+    import random
+
+    from synapse_nb.grammar import Grammar, GrammarMatcher
+
+    rng = random.Random(1)
+    bases = [p.read_text() for p in sorted(GRAMMARS.glob("*.gbnf"))] + ['root ::= " " ("yes" | "no") "."']
+    vocab = _Pieces()
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(300):
+        text = _mutate_text(rng, rng.choice(bases))
+        t0 = time.perf_counter()
+        try:
+            m = GrammarMatcher(Grammar(text), vocab)
+            for _ in range(4):
+                allowed = np.flatnonzero(m.allowed_mask())
+                assert all(m.allows(int(t)) for t in allowed)
+                if allowed.size == 0 or vocab.n_vocab - 1 in allowed:
+                    break
+                m.accept(int(rng.choice(allowed)))
+            outcomes["ok"] += 1
+        except SynapseError as e:
+            assert "\n" not in str(e) and str(e).startswith("grammar: ")
+            outcomes["refused"] += 1
+        assert time.perf_counter() - t0 < 2.0, text
+    assert outcomes["ok"] > 20 and outcomes["refused"] > 20, outcomes
+
+
+def _random_json(rng, depth=0):
+    r = rng.random()
+    if depth > 3 or r < 0.3:
+        return rng.choice([None, True, False, 0, -3, 2.5, 10**20, "", "x", "^a$", "#/$defs/a", "integer", "string",
+                           "object", "array", "number", "boolean", "null", "date", "uuid"])
+    if r < 0.5:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    keys = ["type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
+            "minItems", "maxItems", "pattern", "minLength", "maxLength", "format", "minimum", "maximum",
+            "exclusiveMinimum", "exclusiveMaximum", "$ref", "$defs", "anyOf", "oneOf", "allOf", "a"]
+    return {rng.choice(keys): _random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def test_json_schema_fuzz_only_ok_or_clean():
+    """Random and mutated schemas: a grammar (which then parses, or is refused cleanly by the parser)
+    or a one-line SynapseError; nothing else."""
+    import random
+
+    from synapse_nb.grammar import Grammar, json_schema_to_grammar
+
+    rng = random.Random(2)
+    cases = json.loads((GRAMMARS / "cases.json").read_text())["cases"]
+    seeds = [json.dumps(c["json_schema"]) for c in cases if "json_schema" in c]
+    outcomes = {"ok": 0, "refused": 0}
+    for i in range(300):
+        schema = _mutate_text(rng, rng.choice(seeds)) if i % 2 else json.dumps(_random_json(rng))
+        try:
+            Grammar(json_schema_to_grammar(schema))
+            outcomes["ok"] += 1
+        except SynapseError as e:
+            assert "\n" not in str(e)
+            outcomes["refused"] += 1
+    assert outcomes["ok"] > 20 and outcomes["refused"] > 20, outcomes

@@ -70,12 +70,16 @@ class _Sampling(_Strict):
     user: str | None = None
     n: int = 1
     cache_prompt: bool = True  # llama-server's; the prefix cache never changes results here
+    grammar: str | None = None  # GBNF text (llama-server's field)
+    json_schema: Union[dict[str, Any], bool, None] = None  # a JSON schema (llama-server's field)
 
     def sampling(self) -> dict:
         keys = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
                 "presence_penalty", "frequency_penalty", "seed", "min_keep", "top_n_sigma", "xtc_probability",
-                "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "logit_bias", "ignore_eos")
-        return {k: getattr(self, k) for k in keys}
+                "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "logit_bias", "ignore_eos", "grammar",
+                "json_schema")
+        return {k: getattr(self, k) for k in keys
+                if k not in ("grammar", "json_schema") or getattr(self, k) is not None}
 
 
 class CompletionRequest(_Sampling):
@@ -109,6 +113,13 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "json_object"} or {"type": "json_schema", ...}
+
+    def sampling(self) -> dict:
+        out = super().sampling()
+        if self.response_format is not None:
+            out["response_format"] = self.response_format
+        return out
 
 
 class LlamaCompletionRequest(_Sampling):
