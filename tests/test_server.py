@@ -254,7 +254,8 @@ def test_queue_full_api_key_and_sigint():
         # one slot busy for about 490 tokens (a second or more), no queue: the next request is refused
         body = {"prompt": [1, 5, 6], "max_tokens": 490, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", u + "/v1/completions", json=body, headers=auth, timeout=60) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()  # kept: a dropped iterator closes the connection (httpx), cancelling it
+            next(lines)
             assert "busy" in _err(httpx.post(u + "/v1/completions", json={"prompt": [1, 7], "max_tokens": 2},
                                              headers=auth, timeout=60), 503)
         deadline = time.monotonic() + 10
