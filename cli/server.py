@@ -28,6 +28,9 @@ def server_options(f):
         click.option("--max-queue", type=click.IntRange(0), default=256, show_default=True, metavar="N",
                      help="Server: requests waiting for a slot before new ones get 503."),
         click.option("--no-webui", is_flag=True, help="Server: do not serve the chat page at /."),
+        click.option("--replicas", type=click.IntRange(1), default=None, metavar="N",
+                     help="Server on Ray (--server --ray): Serve replicas, each loading the model with -t threads "
+                          "[default: the cluster's CPUs / threads]."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -35,12 +38,27 @@ def server_options(f):
 
 
 def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
-               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling) -> int:
-    """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0."""
+               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, ray_address=None,
+               replicas=None) -> int:
+    """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0. With ray_address (--ray:
+    "local" or a cluster's address) the replicas of Ray Serve load the model and serve instead."""
     from synapse_nb.chat import read_template_file
     from synapse_nb.sampling import given_options
     from synapse_nb.server import check_installed, listen_socket, serve
 
+    if replicas is not None and ray_address is None:
+        raise click.UsageError("--replicas goes with --server --ray")
+    if ray_address is not None:
+        from synapse_nb.server import ray_serve
+
+        ray_serve.import_serve()  # not installed: the install command, before anything else
+        check_installed()
+        template = read_template_file(chat_template_file) if chat_template_file is not None else None
+        return ray_serve.run(model_arg, address=ray_address, replicas=replicas, host=host, port=port,
+                             threads=threads, n_parallel=n_parallel or 4, ctx_size=ctx_size, batch_size=batch_size,
+                             n_predict=n_predict, sampling=sampling, chat_template=template,
+                             chat_template_origin=chat_template_file, jinja=jinja, max_queue=max_queue,
+                             api_key=api_key, webui=not no_webui, timeout=timeout, verbose=verbose, log=log)
     check_installed()
     from synapse_nb import load_model
     from synapse_nb.api import Llama
