@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -127,6 +128,46 @@ def test_stream_equals_whole(client):
     assert "".join(p.choices[0].text for p in pieces) == one.choices[0].text
 
 
+def _slots_busy(url) -> set:
+    """The is_processing tuples of /slots over 10 requests (Serve spreads them over the replicas)."""
+    return {tuple(x["is_processing"] for x in httpx.get(url + "/slots", timeout=30).json()) for _ in range(10)}
+
+
+def test_client_disconnect_cancels_on_the_replica(server):
+    # 4 long streams fill the 2 x 2 slots; dropped, every slot is free again (bounded: 20 s)
+    with httpx.Client(timeout=60) as cl:
+        streams, lines = [], []
+        for i in range(4):
+            cm = cl.stream("POST", server.url + "/v1/completions", json={"prompt": [1, 5 + i], "max_tokens": 400,
+                                                                         "ignore_eos": True, "stream": True})
+            r = cm.__enter__()
+            lines.append(r.iter_lines())
+            next(lines[-1])
+            streams.append(cm)
+        assert _slots_busy(server.url) == {(True, True)}
+        for cm in streams:
+            cm.__exit__(None, None, None)
+    deadline = time.monotonic() + 20
+    while _slots_busy(server.url) != {(False, False)} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _slots_busy(server.url) == {(False, False)}
+    # the same for requests that are not streamed: the client gives up, the slots are freed
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        def give_up(i):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(server.url + "/v1/completions", json={"prompt": [1, 9 + i], "max_tokens": 400,
+                                                                 "ignore_eos": True}, timeout=3)
+        futs = [ex.submit(give_up, i) for i in range(4)]
+        time.sleep(1.5)
+        assert _slots_busy(server.url) == {(True, True)}
+        for f in futs:
+            f.result(timeout=30)
+    deadline = time.monotonic() + 20
+    while _slots_busy(server.url) != {(False, False)} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _slots_busy(server.url) == {(False, False)}
+
+
 def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
     replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
     started = concurrent.futures.ThreadPoolExecutor(4)
@@ -161,6 +202,15 @@ def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
             ok = 0
             time.sleep(1)
     assert ok == 4, errors
+    # Ray Serve starts a new replica in place of the killed one (bounded: 120 s)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = {p: v for p, v in _descendants(server.proc.pid).items() if v[1].startswith("ray::ServeReplica")}
+        if len(now) == 2 and set(now) != set(replicas):
+            break
+        time.sleep(1)
+    assert len(now) == 2 and replicas[0] not in now, now
+    server.ray_procs.update(_descendants(server.proc.pid))  # the new replica: to be gone after SIGTERM too
 
 
 def test_sigterm_stops_everything(server):
