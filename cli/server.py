@@ -10,6 +10,21 @@ import os
 import click
 
 
+def _parse_replicas(ctx, param, value):
+    """--replicas N (N >= 1) or MIN:MAX (1 <= MIN <= MAX): an int, a (min, max) pair, or None."""
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] >= 1:
+        return parts[0]
+    if len(parts) == 2 and 1 <= parts[0] <= parts[1]:
+        return tuple(parts)
+    raise click.BadParameter(f"{value!r}: a number N >= 1, or MIN:MAX with 1 <= MIN <= MAX")
+
+
 def server_options(f):
     """The server's flags (llama-server's names; -np/--parallel is batch mode's too)."""
     opts = [
@@ -28,9 +43,9 @@ def server_options(f):
         click.option("--max-queue", type=click.IntRange(0), default=256, show_default=True, metavar="N",
                      help="Server: requests waiting for a slot before new ones get 503."),
         click.option("--no-webui", is_flag=True, help="Server: do not serve the chat page at /."),
-        click.option("--replicas", type=click.IntRange(1), default=None, metavar="N",
+        click.option("--replicas", type=str, default=None, metavar="N|MIN:MAX", callback=_parse_replicas,
                      help="Server on Ray (--server --ray): Serve replicas, each loading the model with -t threads "
-                          "[default: the cluster's CPUs / threads]."),
+                          "[default: the cluster's CPUs / threads]; MIN:MAX: Ray Serve autoscales between them."),
     ]
     for o in reversed(opts):
         f = o(f)

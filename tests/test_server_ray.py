@@ -236,3 +236,13 @@ def test_without_ray_serve_exits_2(tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert r.returncode == 2, err
     assert len(lines) == 1 and lines[0].startswith("error:") and "pip install 'synapse_nb[ray]'" in lines[0], err
+
+
+def test_replicas_flag_errors():
+    from conftest import one_error_line
+
+    for args in (["--server", "--ray", "--replicas", "0"], ["--server", "--ray", "--replicas", "3:2"],
+                 ["--server", "--ray", "--replicas", "two"], ["--server", "--replicas", "2"]):
+        r = run_cli(MODEL, *args, timeout=120)
+        assert r.returncode == 2, args
+        assert "--replicas" in one_error_line(r), args

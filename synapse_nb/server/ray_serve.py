@@ -100,11 +100,12 @@ def _serve_running(serve) -> bool:
         return False
 
 
-def run(model_arg: str, *, address: str, replicas: int | None, host: str, port: int, threads: int | None,
+def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str, port: int, threads: int | None,
         n_parallel: int, ctx_size, batch_size: int, n_predict: int, sampling: dict, chat_template,
         chat_template_origin, jinja: bool, max_queue: int, api_key, webui: bool, timeout, verbose: bool,
         log=_log_stderr, stop_event=None) -> int:
-    """Deploy the replicas behind Serve's proxy on host:port, log the start-up line, serve until
+    """Deploy the replicas (replicas: a number, (min, max) for Serve's autoscaling, or None: the
+    cluster's CPUs / threads) behind Serve's proxy on host:port, log the start-up line, serve until
     SIGINT / SIGTERM (or stop_event), then remove the deployment (and the local Ray); return 0."""
     import signal
     import threading
@@ -139,9 +140,17 @@ def run(model_arg: str, *, address: str, replicas: int | None, host: str, port: 
         if local or not _serve_running(serve):
             started_serve = True
             serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
-        n_replicas = replicas or max(1, int(ray.cluster_resources().get("CPU", 1)) // n_threads)
+        if isinstance(replicas, tuple):  # MIN:MAX: Serve's autoscaling, on the requests per replica
+            lo, hi = replicas
+            scaling = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
+                                              "target_ongoing_requests": n_parallel}}
+            shown_replicas = f"{lo} to {hi} replicas (autoscaling)"
+        else:
+            n = replicas or max(1, int(ray.cluster_resources().get("CPU", 1)) // n_threads)
+            scaling = {"num_replicas": n}
+            shown_replicas = f"{n} replicas"
         deployment = serve.deployment(
-            serve.ingress()(Replica), name=DEPLOYMENT_NAME, num_replicas=n_replicas,
+            serve.ingress()(Replica), name=DEPLOYMENT_NAME, **scaling,
             ray_actor_options={"num_cpus": n_threads, "runtime_env": env},
             # the engine queues up to max_queue requests past its slots (then 503), as --server does
             max_ongoing_requests=n_parallel + max(1, max_queue), graceful_shutdown_timeout_s=5,
@@ -160,7 +169,7 @@ def run(model_arg: str, *, address: str, replicas: int | None, host: str, port: 
         shown = f"[{host}]" if ":" in host else host
         where = "a local Ray" if local else f"the Ray cluster at {address}"
         log(f"server listening on http://{shown}:{port}/ ({os.path.basename(model_arg)}, Ray Serve on {where}: "
-            f"{n_replicas} replicas x {n_parallel} slots, {n_threads} threads each)")
+            f"{shown_replicas} x {n_parallel} slots, {n_threads} threads each)")
         if stop_event is None:
             previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         while not stop.wait(0.5):
