@@ -89,15 +89,18 @@ def _quiet(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
-def _serve_running(serve) -> bool:
-    """Whether Serve already runs on the cluster (a controller exists): then only our app is removed."""
+def _running_serve_address():
+    """(host, port) of the HTTP proxies of a Serve already running on the cluster, or None."""
     try:
         from ray.serve.context import _connect
 
-        _connect(raise_if_no_controller_running=True)
-        return True
+        client = _connect(raise_if_no_controller_running=False)
     except Exception:
-        return False
+        return None
+    if client is None:
+        return None
+    cfg = client.http_config
+    return cfg.host, cfg.port
 
 
 def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str, port: int, threads: int | None,
@@ -137,9 +140,13 @@ def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str
                      logging_level="INFO" if verbose else "ERROR", log_to_driver=verbose)
             started_ray = True
         logging_config = {"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose}
-        if local or not _serve_running(serve):
+        running = None if local else _running_serve_address()
+        if running is None:
             started_serve = True
             serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
+        elif running != (host, port):  # Serve's proxies are the cluster's: ours joins them where they are
+            host, port = running
+            log(f"warning: Ray Serve already runs on the cluster, its proxies on {host}:{port}: serving there")
         if isinstance(replicas, tuple):  # MIN:MAX: Serve's autoscaling, on the requests per replica
             lo, hi = replicas
             scaling = {"autoscaling_config": {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
@@ -152,8 +159,10 @@ def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str
         deployment = serve.deployment(
             serve.ingress()(Replica), name=DEPLOYMENT_NAME, **scaling,
             ray_actor_options={"num_cpus": n_threads, "runtime_env": env},
-            # the engine queues up to max_queue requests past its slots (then 503), as --server does
-            max_ongoing_requests=n_parallel + max(1, max_queue), graceful_shutdown_timeout_s=5,
+            # each replica as one --server: its slots, then its engine's queue of max_queue (then 503,
+            # an OpenAI error); 8 more for the light endpoints (/health, /slots, /tokenize ...), which
+            # Serve counts as requests too: without them they would wait behind the generations
+            max_ongoing_requests=n_parallel + max_queue + 8, graceful_shutdown_timeout_s=5,
             max_constructor_retry_count=1, logging_config=logging_config)
         llama_kwargs = dict(n_ctx=ctx_size, n_threads=n_threads, n_batch=batch_size, n_parallel=n_parallel,
                             n_predict=n_predict, chat_template=chat_template,
