@@ -170,7 +170,6 @@ def test_client_disconnect_cancels_on_the_replica(server):
 
 def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
     replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
-    started = concurrent.futures.ThreadPoolExecutor(4)
 
     def long_stream(i):
         n = 0
@@ -184,7 +183,7 @@ def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
             return "other", f"{type(e).__name__}: {e}"
         return "done", n
 
-    with started as ex:
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(long_stream, i) for i in range(4)]  # 4 streams on 2 x 2 slots: both replicas busy
         time.sleep(4)
         os.kill(replicas[0], signal.SIGKILL)

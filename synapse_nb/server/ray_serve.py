@@ -136,8 +136,11 @@ def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str
     try:
         _quiet(verbose)
         if not ray.is_initialized():
-            ray.init(address=None if local else address, include_dashboard=False,
-                     logging_level="INFO" if verbose else "ERROR", log_to_driver=verbose)
+            try:
+                ray.init(address=None if local else address, include_dashboard=False,
+                         logging_level="INFO" if verbose else "ERROR", log_to_driver=verbose)
+            except ConnectionError as e:  # no cluster there, or one that refuses us (Ray's auth token)
+                raise SynapseError(f"--ray {address}: cannot join the Ray cluster: {e}") from None
             started_ray = True
         logging_config = {"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose}
         running = None if local else _running_serve_address()
