@@ -2,6 +2,7 @@
 
     python benchmarks/bench_server.py MODEL [--clients 1,4,16] [--threads 2] [--llama-bin DIR]
                                             [--no-llama-cpp]
+    python benchmarks/bench_server.py MODEL --ray [--clients 8] [--threads 2]
 
 For each N in --clients, a server with N slots (ours: -np N -c 512; llama-server: -np N -c N*512,
 in its defaults and like-for-like: --no-repack -fa off -b 64 -ub 64) gets N concurrent clients;
@@ -11,6 +12,12 @@ index). Reported per server and N: aggregate generated tok/s (all tokens / wall 
 request to the last token), time to first token p50 / p99 and inter-token latency p50 / p99 (ms,
 over all clients' gaps between SSE chunks). A warm-up request precedes each round. Nothing is
 asserted; run it on an idle machine and compare ratios from one run.
+
+--ray compares, instead of llama-server, plain `--server -t T -np N` with `--server --ray` (a local
+Ray): T replicas x 1 thread (N / T slots each, rounded up) and 1 replica x T threads (N slots). On
+one machine this measures Ray Serve's overhead, not scale: the ITL p50 of 1 replica x T threads
+minus plain --server's is Serve's cost per token (its proxy and the replica's ASGI hop), printed as
+a share of plain --server's ITL p50 (about one decode step of the batch).
 """
 
 from __future__ import annotations
@@ -101,7 +108,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bin", default=None)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--ray", action="store_true", help="plain --server against --server --ray (Ray Serve)")
     a = ap.parse_args()
+    if a.ray:
+        a.no_llama_cpp = True
     from synapse_nb.models import resolve_model
 
     path = str(resolve_model(a.model))
@@ -116,6 +126,18 @@ def main():
     servers = [("synapse_nb", lambda n, port: [sys.executable, "-m", "cli.main", path, "--server", "--port", str(port),
                                                  "-np", str(n), "-c", "512", "-t", str(a.threads),
                                                  "--max-queue", "0"])]
+    if a.ray:
+        t = a.threads
+
+        def ray_cmd(replicas, threads, slots):
+            return lambda n, port: [sys.executable, "-m", "cli.main", path, "--server", "--ray", "--replicas",
+                                    str(replicas), "-t", str(threads), "--port", str(port), "-np",
+                                    str(slots(n)), "-c", "512", "--max-queue", "64"]
+            # (--max-queue 64: Serve's router balances by requests in flight, not free slots, so a
+            # burst of N can send one replica more than its slots: queued there rather than a 503)
+
+        servers.append((f"--ray {t} replicas x 1 thread", ray_cmd(t, 1, lambda n: -(-n // t))))
+        servers.append((f"--ray 1 replica x {t} threads", ray_cmd(1, t, lambda n: n)))
     if bin_dir:
         for name, extra in (("llama-server default", []), ("llama-server like-for-like", LIKE_FOR_LIKE)):
             servers.append((name, lambda n, port, extra=extra: [
@@ -145,6 +167,13 @@ def main():
         for n in ns:
             o, d = results[("synapse_nb", n)], results[("llama-server default", n)]
             print(f"N={n}: tok/s {o['tps'] / d['tps']:.2f}x, p99 ITL {o['itl99'] / d['itl99']:.2f}x")
+    if a.ray:
+        print(f"\nRay Serve's overhead per token (ITL p50 of --ray 1 replica x {a.threads} threads minus plain "
+              f"--server's, over plain --server's):")
+        for n in ns:
+            o, r = results[("synapse_nb", n)], results[(f"--ray 1 replica x {a.threads} threads", n)]
+            print(f"N={n}: {r['itl50'] - o['itl50']:+.1f} ms per token = {(r['itl50'] - o['itl50']) / o['itl50']:+.1%} "
+                  f"of a step ({o['itl50']:.1f} ms)")
 
 
 if __name__ == "__main__":

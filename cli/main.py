@@ -615,7 +615,8 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
 @click.option("--workers", type=_COUNT, default=None,
               help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Batch mode on Ray: a local Ray, or join the cluster at ADDRESS (pip install 'synapse_nb[ray]').")
+              help="Batch mode or --server on Ray: a local Ray, or join the cluster at ADDRESS "
+                   "(pip install 'synapse_nb[ray]').")
 @click.option("--perplexity", "ppl", is_flag=True,
               help="Perplexity of the -f text as llama-perplexity computes it (-c default 512).")
 @click.option("--kl-divergence-base", "kld_base", type=str, default=None, metavar="FILE",
@@ -638,7 +639,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                  prompt_opt, conversation, single_turn, system_prompt, chat_template_file, jinja, batch_in, batch_out,
                  workers, ray_address, ppl, kld_base, kl_div, chunks, grammar, grammar_file, json_schema,
                  json_schema_file, server, host, port, n_parallel, api_key, server_timeout, max_queue, no_webui,
-                 **sampling):
+                 replicas, **sampling):
     """Continuation of PROMPT by the GGUF model MODEL (greedy unless sampling), streamed to stdout.
 
     MODEL is a GGUF file or a name from models.txt (fetch it first with
@@ -691,6 +692,8 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
             prompt = prompt_opt
+        if replicas is not None and not (server and ray_address is not None):
+            raise click.UsageError("--replicas goes with --server --ray")
         if server:
             if prompt is not None or file is not None or batch_in is not None or ppl or conversation or single_turn:
                 raise click.UsageError("--server takes no prompt and does not combine with --batch, --perplexity, "
@@ -700,7 +703,8 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                               batch_size=batch_size, threads=threads,
                               n_predict=n_predict if _given("n_predict") else -1, sampling=sampling,
                               chat_template_file=chat_template_file, jinja=jinja, verbose=verbose, log=_log,
-                              compiling=_Compiling, grammar=_grammar_text(grammar_opts))
+                              compiling=_Compiling, grammar=_grammar_text(grammar_opts), ray_address=ray_address,
+                              replicas=replicas)
         elif ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from . import perplexity as _ppl
 

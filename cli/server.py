@@ -10,6 +10,21 @@ import os
 import click
 
 
+def _parse_replicas(ctx, param, value):
+    """--replicas N (N >= 1) or MIN:MAX (1 <= MIN <= MAX): an int, a (min, max) pair, or None."""
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] >= 1:
+        return parts[0]
+    if len(parts) == 2 and 1 <= parts[0] <= parts[1]:
+        return tuple(parts)
+    raise click.BadParameter(f"{value!r}: a number N >= 1, or MIN:MAX with 1 <= MIN <= MAX")
+
+
 def server_options(f):
     """The server's flags (llama-server's names; -np/--parallel is batch mode's too)."""
     opts = [
@@ -28,6 +43,9 @@ def server_options(f):
         click.option("--max-queue", type=click.IntRange(0), default=256, show_default=True, metavar="N",
                      help="Server: requests waiting for a slot before new ones get 503."),
         click.option("--no-webui", is_flag=True, help="Server: do not serve the chat page at /."),
+        click.option("--replicas", type=str, default=None, metavar="N|MIN:MAX", callback=_parse_replicas,
+                     help="Server on Ray (--server --ray): Serve replicas, each loading the model with -t threads "
+                          "[default: the cluster's CPUs / threads]; MIN:MAX: Ray Serve autoscales between them."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -35,12 +53,30 @@ def server_options(f):
 
 
 def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
-               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, grammar=None) -> int:
-    """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0."""
+               threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, grammar=None,
+               ray_address=None, replicas=None) -> int:
+    """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0. With ray_address (--ray:
+    "local" or a cluster's address) the replicas of Ray Serve load the model and serve instead."""
     from synapse_nb.chat import read_template_file
     from synapse_nb.sampling import given_options
     from synapse_nb.server import check_installed, listen_socket, serve
 
+    if replicas is not None and ray_address is None:
+        raise click.UsageError("--replicas goes with --server --ray")
+    if ray_address is not None:
+        if grammar is not None:
+            raise click.UsageError("--grammar / -j as the server's default does not go with --ray: give it per "
+                                   "request (grammar, json_schema, response_format)")
+        from synapse_nb.server import ray_serve
+
+        ray_serve.import_serve()  # not installed: the install command, before anything else
+        check_installed()
+        template = read_template_file(chat_template_file) if chat_template_file is not None else None
+        return ray_serve.run(model_arg, address=ray_address, replicas=replicas, host=host, port=port,
+                             threads=threads, n_parallel=n_parallel or 4, ctx_size=ctx_size, batch_size=batch_size,
+                             n_predict=n_predict, sampling=sampling, chat_template=template,
+                             chat_template_origin=chat_template_file, jinja=jinja, max_queue=max_queue,
+                             api_key=api_key, webui=not no_webui, timeout=timeout, verbose=verbose, log=log)
     check_installed()
     from synapse_nb import load_model
     from synapse_nb.api import Llama

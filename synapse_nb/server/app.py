@@ -164,8 +164,8 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 class _BodyLimit:
-    """ASGI middleware: a request body over max_bytes (by Content-Length, or as it streams in) is
-    answered 413 before the application reads it."""
+    """ASGI middleware (the app's outermost, added by create_app): a request body over max_bytes (by
+    Content-Length, or as it streams in) is answered 413 before the application reads it."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -207,7 +207,8 @@ class _TooLarge(Exception):
 
 def create_app(llama: Llama, *, api_key: str | None = None, webui: bool = True, timeout: float | None = None,
                log=None) -> FastAPI:
-    """The FastAPI application serving `llama`. api_key: required as "Authorization: Bearer KEY"
+    """The FastAPI application serving `llama` (served by uvicorn for --server, and by each Ray Serve
+    replica for --server --ray, synapse_nb.server.ray_serve). api_key: required as "Authorization: Bearer KEY"
     on every endpoint but /health and the page; timeout: seconds a request may run before it is
     cancelled (its finish_reason is then "length"); log(str): one line per request error."""
     app = FastAPI(title="synapse_nb", docs_url=None, redoc_url=None, openapi_url=None)
@@ -458,4 +459,5 @@ def create_app(llama: Llama, *, api_key: str | None = None, webui: bool = True, 
             return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"),
                                 headers={"Cache-Control": "no-cache"})
 
-    return _BodyLimit(app, MAX_BODY_BYTES)
+    app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)  # added last: outside the others
+    return app
