@@ -1,6 +1,6 @@
 """A llama-decode --server subprocess on a free 127.0.0.1 port, for the server and page tests."""
 
-import os
+import json
 import re
 import signal
 import subprocess
@@ -48,3 +48,12 @@ class ServerProc:
     @property
     def stderr(self) -> str:
         return "".join(self.stderr_lines)
+
+
+def cli_json(model, n_ctx, *args):
+    """The --json document of `llama-decode MODEL ARGS... -c n_ctx --json` (asserting exit 0)."""
+    from conftest import run_cli
+
+    r = run_cli(model, *args, "-c", n_ctx, "--json")
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)

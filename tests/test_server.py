@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from conftest import real_model, run_cli, tiny
-from serverproc import ServerProc
+from serverproc import ServerProc, cli_json
 
 MODEL = "smollm2-135m-instruct-q4_1"
 N_CTX = 512
@@ -38,9 +38,7 @@ def client(server):
 
 
 def _cli(*args):
-    r = run_cli(real_model(MODEL), *args, "-c", N_CTX, "--json")
-    assert r.returncode == 0, r.stderr.decode()
-    return json.loads(r.stdout)
+    return cli_json(real_model(MODEL), N_CTX, *args)
 
 
 def _finish(cli_stop):

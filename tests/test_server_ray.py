@@ -8,7 +8,6 @@ Every loop and wait here is bounded.
 """
 
 import concurrent.futures
-import json
 import os
 import signal
 import time
@@ -18,7 +17,7 @@ import openai
 import pytest
 
 from conftest import real_model, run_cli
-from serverproc import ServerProc
+from serverproc import ServerProc, cli_json
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'synapse_nb[ray]'")
 
@@ -81,9 +80,7 @@ def client(server):
 
 
 def _cli(*args):
-    r = run_cli(real_model(MODEL), *args, "-c", N_CTX, "--json")
-    assert r.returncode == 0, r.stderr.decode()
-    return json.loads(r.stdout)
+    return cli_json(real_model(MODEL), N_CTX, *args)
 
 
 def test_startup_line_and_replicas(server):

@@ -290,13 +290,8 @@ def create_app(llama: Llama, *, api_key: str | None = None, webui: bool = True, 
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _respond(job, fmt, stream: bool, request: Request):
-        if stream:
-            async def chunks():
-                async for ev in _events(job, None):
-                    for c in fmt.chunks(ev):
-                        yield c
-            return _sse(chunks())
+    async def _collect(job, request: Request):
+        """(text pieces, token entries, the "done" event or None if the client went away) of a job."""
         text, toks, res = [], [], None
         async for ev in _events(job, request):
             if ev[0] == "text":
@@ -304,6 +299,16 @@ def create_app(llama: Llama, *, api_key: str | None = None, webui: bool = True, 
                 toks.extend(ev[2])
             else:
                 res = ev
+        return text, toks, res
+
+    async def _respond(job, fmt, stream: bool, request: Request):
+        if stream:
+            async def chunks():
+                async for ev in _events(job, None):
+                    for c in fmt.chunks(ev):
+                        yield c
+            return _sse(chunks())
+        text, toks, res = await _collect(job, request)
         if res is None:  # the client went away
             return Response(status_code=499)
         if res[1] == "error":
@@ -384,13 +389,7 @@ def create_app(llama: Llama, *, api_key: str | None = None, webui: bool = True, 
                     yield f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
             return StreamingResponse(body(), media_type="text/event-stream")
-        text, toks, res = [], [], None
-        async for ev in _events(job, request):
-            if ev[0] == "text":
-                text.append(ev[1])
-                toks.extend(ev[2])
-            else:
-                res = ev
+        text, toks, res = await _collect(job, request)
         if res is None:
             return Response(status_code=499)
         out = final(res, "".join(text))
