@@ -76,6 +76,35 @@ def _strftime_now(fmt):
     return _dt.datetime.now().strftime(fmt)
 
 
+# The largest integer result of ** or * in a template, in bits (real templates count messages).
+TEMPLATE_INT_BITS = 1 << 16
+
+
+class _TemplateLimit(Exception):
+    """An operation of a template refused for its size (_check_binop)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_binop(operator: str, left, right) -> None:
+    """Refuse ** and * of integers whose result would exceed TEMPLATE_INT_BITS (bounded before
+    CPython computes it: an integer power or product runs in C, uninterruptible)."""
+    if not (_is_int(left) and _is_int(right)):
+        return
+    a, b = abs(left).bit_length(), abs(right).bit_length()
+    if operator == "**":
+        if right <= 0 or abs(left) <= 1:
+            return  # a float (negative power) or |result| <= 1
+        bits = a * right
+    else:
+        bits = a + b
+    if bits > TEMPLATE_INT_BITS:
+        what = f"{a}-bit integer to the power {right}" if operator == "**" else f"{a}-bit times {b}-bit integer"
+        raise _TemplateLimit(f"{what}: more than {TEMPLATE_INT_BITS} bits")
+
+
 _ENV = None
 
 
@@ -87,8 +116,18 @@ def _environment():
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:  # pragma: no cover - a dependency of the package
             raise SynapseError("rendering a chat template needs jinja2 (pip install jinja2)") from None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        class _Environment(ImmutableSandboxedEnvironment):
+            # ** and * go through call_binop, which refuses huge integers: CPython computes them in C
+            # without checking signals, so the time cap could not stop `10 ** 1000000000`. An
+            # intercepted operator is also never constant-folded when the template is compiled.
+            intercepted_binops = frozenset(["**", "*"])
+
+            def call_binop(self, context, operator, left, right):
+                _check_binop(operator, left, right)
+                return super().call_binop(context, operator, left, right)
+
+        env = _Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
+                           extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -192,36 +231,45 @@ class ChatTemplate:
         msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return SynapseError(f"chat template of {self.origin}{where}: {what}: {msg}")
 
-    def compile(self):
-        """Parse the template (once). Raises SynapseError on a syntax error, naming its line."""
-        if self._compiled is None:
-            env = _environment()
+    def _limited(self, fn, doing: str):
+        """fn() under the memory and time caps of a rendering; the ways a template can fail, as
+        SynapseError. doing: "compiling" or "rendering" (for the messages)."""
+        try:
+            with _memory_cap(RENDER_MEMORY_BYTES), _time_cap(RENDER_SECONDS):
+                return fn()
+        except MemoryError:
+            raise SynapseError(f"chat template of {self.origin}: {doing} it needs more than "
+                               f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
+        except _RenderTimeout:
+            raise SynapseError(f"chat template of {self.origin}: {doing} it takes more than "
+                               f"{RENDER_SECONDS:g} s") from None
+        except _TemplateRaised as e:
+            raise self._error(e, "raise_exception") from None
+        except _TemplateLimit as e:
+            raise self._error(e, "too large") from None
+        except RecursionError as e:
+            raise self._error(e, "nested too deeply" if doing == "compiling" else "recursion too deep") from None
+        except Exception as e:  # jinja2.TemplateError, SecurityError, TypeError, ... from the template
             import jinja2
 
-            try:
-                self._compiled = env.from_string(self.source)
-            except jinja2.TemplateSyntaxError as e:
+            if isinstance(e, jinja2.TemplateSyntaxError):
                 raise self._error(e, "syntax error") from None
+            what = "cannot compile" if doing == "compiling" else "cannot render"
+            raise self._error(e, f"{what} ({type(e).__name__})") from None
+
+    def compile(self):
+        """Parse the template (once), under the same memory and time caps as a rendering (jinja2
+        evaluates constant expressions while compiling). Raises SynapseError on a syntax error
+        (naming its line), a template nested too deeply, or one past the caps."""
+        if self._compiled is None:
+            env = _environment()
+            self._compiled = self._limited(lambda: env.from_string(self.source), "compiling")
         return self._compiled
 
     def render(self, variables: dict) -> str:
         """The template rendered with `variables`. Raises SynapseError naming the template line."""
         tmpl = self.compile()
-        try:
-            with _memory_cap(RENDER_MEMORY_BYTES), _time_cap(RENDER_SECONDS):
-                return tmpl.render(**variables)
-        except MemoryError:
-            raise SynapseError(f"chat template of {self.origin}: rendering it needs more than "
-                               f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
-        except _RenderTimeout:
-            raise SynapseError(f"chat template of {self.origin}: rendering it takes more than "
-                               f"{RENDER_SECONDS:g} s") from None
-        except _TemplateRaised as e:
-            raise self._error(e, "raise_exception") from None
-        except RecursionError as e:
-            raise self._error(e, "recursion too deep") from None
-        except Exception as e:  # jinja2.TemplateError, SecurityError, TypeError, ... from the template
-            raise self._error(e, f"cannot render ({type(e).__name__})") from None
+        return self._limited(lambda: tmpl.render(**variables), "rendering")
 
 
 def check_messages(messages) -> list[dict]:
@@ -421,11 +469,23 @@ class Conversation:
         if system_prompt is not None:
             self.messages.append({"role": "system", "content": system_prompt})
         self.cached: list[int] = []  # the tokens in the KV cache, len == session.n_past
+        self._byte_limit = None  # the most bytes a rendering can have and fit in n_ctx (prompt_tokens)
         session.reset()
 
     def prompt_tokens(self, user_text: str) -> list[int]:
-        """The conversation with a new user turn, rendered with the generation prompt, as token ids."""
+        """The conversation with a new user turn, rendered with the generation prompt, as token ids.
+        Raises SynapseError, before tokenizing, when the rendering has more bytes than n_ctx tokens
+        can hold (synapse_nb.inputs.prompt_byte_limit, as for a -f prompt)."""
         text = self.render(self.messages + [{"role": "user", "content": user_text}], True)
+        if self._byte_limit is None:
+            from .inputs import prompt_byte_limit
+
+            self._byte_limit = prompt_byte_limit(self.tokenizer, self.session.n_ctx)
+        # a str has at most 4 UTF-8 bytes per character: the encoding is only needed near the limit
+        if len(text) > self._byte_limit // 4 and len(text.encode("utf-8", "surrogatepass")) > self._byte_limit:
+            raise SynapseError(f"the conversation with this turn renders to more than {self._byte_limit} bytes, more "
+                               f"than the context (n_ctx = {self.session.n_ctx} tokens) can hold; start a new "
+                               f"conversation, raise -c/--ctx-size, or check the chat template")
         return self.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
     def check_fits(self, full: list[int]) -> None:
