@@ -42,24 +42,32 @@ def _one_line(msg: str, limit: int = 500) -> str:
     return out if len(out) <= limit else out[:limit] + "..."
 
 
+_I32_MAX = 2**31 - 1
+
+
 class _AtLeast(click.ParamType):
-    """An integer option with a lower bound, checked where click parses it (one place for every mode:
-    completion, chat, batch, perplexity): below it is the one-line usage error "must be >= MIN"."""
+    """An integer option with a lower bound and an upper one (default: int32's, the type of llama.cpp's
+    option and of the kernels' counts), checked where click parses it (one place for every mode:
+    completion, chat, batch, perplexity): outside is the one-line usage error "must be >= MIN" or
+    "must be <= MAX". Every integer option of the command has one."""
 
     name = "integer"
 
-    def __init__(self, minimum: int, note: str = ""):
-        self.minimum, self.note = minimum, note
+    def __init__(self, minimum: int, note: str = "", maximum: int = _I32_MAX):
+        self.minimum, self.note, self.maximum = minimum, note, maximum
 
     def convert(self, value, param, ctx):
         v = click.INT.convert(value, param, ctx)
+        hint = "/".join(param.opts) if param is not None else None
         if v < self.minimum:  # named as the checks did: "Invalid value for -b/--batch-size: ..."
-            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx,
-                                     param_hint="/".join(param.opts) if param is not None else None)
+            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx, param_hint=hint)
+        if v > self.maximum:
+            raise click.BadParameter(f"must be <= {self.maximum}", ctx=ctx, param_hint=hint)
         return v
 
 
 _COUNT = _AtLeast(1)
+_INT32 = _AtLeast(-_I32_MAX - 1)
 
 
 def _parse_token_list(text: str) -> list[int]:
@@ -68,7 +76,12 @@ def _parse_token_list(text: str) -> list[int]:
     if items == [""]:
         raise click.BadParameter("empty token list", param_hint="--tokens")
     if not all(re.fullmatch(r"[+-]?[0-9]+", t) for t in items):
-        raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
+        raise click.BadParameter(f"not a comma-separated list of integers: {_one_line(text, 80)!r}",
+                                 param_hint="--tokens")
+    long = next((t for t in items if len(t.lstrip("+-")) > 18), None)  # past int64 (and int()'s digit limit)
+    if long is not None:
+        raise click.BadParameter(f"token id {long[:20]}... ({len(long)} digits) is outside the vocabulary",
+                                 param_hint="--tokens")
     return [int(t) for t in items]
 
 
@@ -183,7 +196,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, check_token_ids, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, check_token_ids, resolve_n_ctx, warmup as session_warmup
 
     if chat is not None and (chat["conversation"] or chat["single_turn"]):
         bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
@@ -214,6 +227,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         _log(f"loaded {path}: arch {hp.arch}, n_layer {hp.n_layer}, n_embd {hp.n_embd}, n_vocab {hp.n_vocab} "
              f"in {1e3 * (t_loaded - t_start):.0f} ms")
 
+    # n_ctx before anything sized by it (the prompt read's bound): the KV cache must fit in memory.
+    n_ctx_max = check_n_ctx(model.hparams, resolve_n_ctx(model.hparams, ctx_size))
+    _warn_n_ctx(n_ctx_max, model.hparams)
     # The prompt as token ids.
     if tokens is not None:
         if prompt is not None or file is not None:
@@ -223,7 +239,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     else:
         from synapse_nb.inputs import prompt_byte_limit
 
-        n_ctx_max = resolve_n_ctx(model.hparams, ctx_size)
         text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
@@ -240,7 +255,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_threads = session.n_threads  # at most Numba's thread count
     session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
     n_ctx = session.n_ctx
-    _warn_n_ctx(n_ctx, hp)
     sampler = None
     if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
         from synapse_nb.sampling import sampler_from_options
@@ -370,7 +384,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
     from synapse_nb.chat import chat_renderer, read_template_file, run_conversation
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, resolve_n_ctx, warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
@@ -381,7 +395,8 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     path = resolve_model(model_arg)
     model = load_model(path)
     hp = model.hparams
-    n_ctx = resolve_n_ctx(hp, ctx_size)
+    n_ctx = check_n_ctx(hp, resolve_n_ctx(hp, ctx_size))  # before a turn is read with a bound sized by it
+    _warn_n_ctx(n_ctx, hp)
     first = None
     if prompt is not None or file is not None:
         from synapse_nb.inputs import prompt_byte_limit
@@ -390,7 +405,6 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
     session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
     n_threads = session.n_threads
-    _warn_n_ctx(n_ctx, hp)
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
@@ -482,7 +496,7 @@ def _sampling_options(f):
     F = dict(type=float, default=None, metavar="N")
     opts = [
         click.option("--temp", **F, help="Sampling temperature [0.8]."),
-        click.option("--top-k", type=int, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
+        click.option("--top-k", type=_INT32, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
         click.option("--top-p", **F, help="Top-p sampling, 1.0 = off [0.95]."),
         click.option("--min-p", **F, help="Min-p sampling, 0.0 = off [0.05]."),
         click.option("--typical", "typical_p", **F, help="Locally typical sampling p, 1.0 = off [1.0]."),
@@ -492,13 +506,14 @@ def _sampling_options(f):
         click.option("--dynatemp-range", **F, help="Dynamic temperature range, 0.0 = off [0.0]."),
         click.option("--dynatemp-exp", "dynatemp_exponent", **F, help="Dynamic temperature exponent [1.0]."),
         click.option("--repeat-penalty", **F, help="Repeat penalty, 1.0 = off [1.0]."),
-        click.option("--repeat-last-n", "penalty_last_n", type=int, default=None, metavar="N",
+        click.option("--repeat-last-n", "penalty_last_n", type=_INT32, default=None, metavar="N",
                      help="Last N tokens (prompt included) to penalize, 0 = off [64]."),
         click.option("--presence-penalty", **F, help="Presence penalty, 0.0 = off [0.0]."),
         click.option("--frequency-penalty", **F, help="Frequency penalty, 0.0 = off [0.0]."),
-        click.option("--min-keep", type=int, default=None, metavar="N",
+        click.option("--min-keep", type=_AtLeast(0), default=None, metavar="N",
                      help="Minimum candidates each sampler keeps [0]."),
-        click.option("-s", "--seed", type=int, default=None, metavar="SEED",
+        click.option("-s", "--seed", type=_AtLeast(-1, " (-1: random)", maximum=2**32 - 1), default=None,
+                     metavar="SEED",
                      help="RNG seed, -1 = random (the seed used is printed on stderr) [-1]."),
         click.option("-l", "--logit-bias", multiple=True, metavar="TOKEN(+|-)BIAS",
                      help="Add BIAS to TOKEN's logit, e.g. 15043+1 or 15043-inf (repeatable)."),
@@ -537,7 +552,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
 @click.option("-c", "--ctx-size", type=_AtLeast(0), default=None,
               help="Context size n_ctx in tokens, 0 = the model's n_ctx_train [default: min(n_ctx_train, 4096)].")
 @click.option("-b", "--batch-size", type=_COUNT, default=64, show_default=True, help="Prefill batch size.")
-@click.option("-t", "--threads", type=int, default=None, metavar="N",
+@click.option("-t", "--threads", type=_INT32, default=None, metavar="N",
               help="Threads, <= 0 = all cores [default: all cores].")
 @click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
               help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder).")
@@ -580,7 +595,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
                    "with --kl-divergence: the base file to compare against.")
 @click.option("--kl-divergence", "kl_div", is_flag=True,
               help="KL divergence of our token distributions against --kl-divergence-base FILE.")
-@click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
+@click.option("--chunks", type=_INT32, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @_sampling_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,

@@ -69,6 +69,19 @@ def _lines(f, what: str):
 
 
 
+def _parse_int(digits: str):
+    """json's parse_int: an integer of more than 4000 digits (past Python's int-string limit, and any
+    range a line's value may have) becomes inf, so that its key gets the usual "must be an integer"
+    error instead of a ValueError stopping the whole run."""
+    return int(digits) if len(digits) <= 4000 else float("-inf" if digits.startswith("-") else "inf")
+
+
+def _json_line(text: str):
+    """One JSON line parsed (json.loads with _parse_int). Raises ValueError (JSONDecodeError) or
+    RecursionError (nested too deeply) when it cannot be read."""
+    return json.loads(text, parse_int=_parse_int)
+
+
 def _one_line(msg, limit: int = 500) -> str:
     """A message as one printable line (control characters escaped), at most `limit` characters."""
     out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
@@ -149,10 +162,14 @@ def read_inputs(path) -> list[dict]:
         except UnicodeDecodeError as e:
             raise SynapseError(f"--batch {path} line {n}: not valid UTF-8 (offset {e.start})") from None
         try:
-            obj = json.loads(text)
+            obj = _json_line(text)
         except json.JSONDecodeError as e:
             raise SynapseError(f"--batch {path} line {n}: not JSON ({e.msg}, column {e.colno}); each line must "
                                f"be one JSON object with an \"id\"") from None
+        except (ValueError, RecursionError) as e:
+            what = "nested too deeply" if isinstance(e, RecursionError) else _one_line(e, 100)
+            raise SynapseError(f"--batch {path} line {n}: cannot be read as JSON ({what}); each line must be one "
+                               f"JSON object with an \"id\"") from None
         if not isinstance(obj, dict):
             raise SynapseError(f"--batch {path} line {n}: not a JSON object")
         if "id" not in obj:
@@ -664,8 +681,8 @@ def read_done(out_path) -> tuple[set, int]:
                 if not raw.strip():
                     continue
                 try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError):
+                    obj = _json_line(raw.decode("utf-8"))
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     obj = None
                 if not _is_result(obj):
                     raise SynapseError(f"--output {out_path} line {n} is not a batch result line; the file is not "

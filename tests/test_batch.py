@@ -427,3 +427,42 @@ def test_sampled_lines_equal_cli_sampling_runs(tmp_path):
         assert ref.returncode == 0, ref.stderr.decode()
         doc = json.loads(ref.stdout)
         assert results[i]["tokens"] == doc["tokens"] and results[i]["seed"] == opts["seed"], (opts, results[i])
+
+
+# ---------------------------------------------------------------- hostile lines (issue 34)
+
+TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf"
+DIGITS = "9" * 5000  # past Python's int-string limit (4300 digits)
+
+
+def test_hostile_values_give_that_line_an_error_and_the_run_goes_on(tmp_path):
+    # a 5000-digit n_predict was a ValueError out of json.loads, min_keep 1e300 or a 20-digit one a
+    # Numba TypingError: each aborted the whole batch (internal error, exit 1)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "good", "tokens": [1, 2]}\n'
+                   f'{{"id": "digits", "tokens": [1], "n_predict": {DIGITS}}}\n'
+                   '{"id": "keepf", "tokens": [1], "min_keep": 1e300}\n'
+                   '{"id": "keepi", "tokens": [1], "min_keep": 99999999999999999999}\n'
+                   f'{{"id": "topk", "tokens": [1], "top_k": {DIGITS}}}\n')
+    out = tmp_path / "out.jsonl"
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "-t", "1", timeout=300)
+    assert res.returncode == 0, res.stderr.decode()
+    results = {r["id"]: r for r in read_results(out)}
+    assert "error" not in results["good"] and len(results["good"]["tokens"]) == 2
+    assert '"n_predict" must be an integer' in results["digits"]["error"]
+    assert "min_keep must be in [0, 2147483647]" in results["keepf"]["error"]
+    assert "min_keep must be in [0, 2147483647]" in results["keepi"]["error"]
+    assert "top_k must be an integer" in results["topk"]["error"]
+
+
+@pytest.mark.parametrize("line,what", [
+    (f'{{"id": {DIGITS}, "tokens": [1]}}', '"id" must be a string or an integer'),
+    ('{"id": "deep", "tokens": [1], "logit_bias": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+], ids=["5000-digit-id", "deep-value", "deep-line"])
+def test_line_whose_id_cannot_be_read_stops_the_run_with_one_line(tmp_path, line, what):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "good", "tokens": [1, 2]}\n' + line + "\n")
+    out = tmp_path / "out.jsonl"
+    assert what in one_error_line(cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", timeout=300))
+    assert not out.exists()

@@ -131,7 +131,8 @@ def test_huge_context_is_bad_input(ctx):
     # was "internal error: MemoryError" / "ValueError: Maximum allowed dimension exceeded", exit 1
     res = run(TINY / "tiny-llama-q8_0.gguf", "hi", "-c", ctx, "-n", "1")
     assert res.returncode == 2
-    assert "KV cache" in one_error_line(res)
+    line = one_error_line(res)
+    assert "KV cache" in line or "-c/--ctx-size: must be <= 2147483647" in line  # -c is int32, as llama.cpp's
 
 
 def test_error_message_with_control_characters_is_one_line(tmp_path):
@@ -395,3 +396,48 @@ def test_compile_notice_shown_when_compiling(tmp_path):
     assert res.returncode == 0, res.stderr
     assert b"compiling kernels, first run only...\n" in res.stderr
     assert b"compiling kernels, first run only: done in" in res.stderr
+
+
+def _capped(*args, timeout=120, stdin=None):
+    """The CLI under a 3 GiB address-space cap (a regression fails with MemoryError, exit 1, instead of
+    taking the shared machine's memory)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, timeout=timeout,
+                          cwd=ROOT, preexec_fn=cap, stdin=stdin)
+
+
+@pytest.mark.parametrize("mode", [[], ["-cnv"], ["-st"]])
+def test_ctx_size_is_checked_before_the_prompt_is_read(mode, tmp_path):
+    # the prompt's read bound came from -c before -c was checked: -f /dev/zero -c 80000000 read 5 GB,
+    # -f FILE -c 2000000000 was "internal error: MemoryError"
+    small = tmp_path / "p.txt"
+    small.write_text("hi")
+    for args in (["-f", "/dev/zero", "-c", "80000000"], ["-f", small, "-c", "2000000000"]):
+        res = _capped(TINY / "tiny-llama-q8_0.gguf", *mode, *args, "-n", "1")
+        assert res.returncode == 2, res.stderr.decode()[-500:]
+        assert "the KV cache would need" in one_error_line(res)
+
+
+@pytest.mark.parametrize("flag", ["-n", "-c", "-b", "-t", "--chunks", "--top-k", "--repeat-last-n", "--min-keep",
+                                  "-s"])
+@pytest.mark.parametrize("value", ["99999999999999999999", "9" * 5000])
+def test_every_integer_option_has_a_range(flag, value):
+    # --min-keep 99999999999999999999 reached a Numba kernel (internal error); every integer option is
+    # now range-checked where it is parsed: one line naming it, exit 2
+    res = run(TINY / "tiny-llama-q8_0.gguf", "hi", flag, value, "-n" if flag != "-n" else "-c", "1" if flag != "-n"
+              else "64", "-t" if flag != "-t" else "-b", "1")
+    assert res.returncode == 2, res.stderr.decode()[-300:]
+    assert flag in one_error_line(res)
+
+
+def test_token_list_with_a_huge_item_is_bad_input():
+    # a 5000-digit item was "internal error: ValueError" (Python's int-string limit)
+    for item in ["9" * 5000, "99999999999999999999"]:
+        res = run(TINY / "tiny-llama-q8_0.gguf", "--tokens", f"1,{item}", "--tokenize")
+        assert res.returncode == 2
+        line = one_error_line(res)
+        assert "--tokens" in line and "outside the vocabulary" in line and len(line) < 400
