@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -692,10 +693,30 @@ def read_done(out_path) -> tuple[set, int]:
         return set(), 0
     except OSError as e:
         raise SynapseError(f"--output {out_path}: {e.strerror}") from None
-    if last and not last.startswith(b'{"id": '):
+    if last and not _our_partial_line(last):
         raise SynapseError(f"--output {out_path} ends in a line that is not a batch result; the file is not "
                            f"modified (give another --output)")
     return done, end
+
+
+_PARTIAL_ID = re.compile(rb'\{"id": (?:"(?:[^"\\]|\\.)*"|-?[0-9]+)')
+_PARTIAL_ID_CUT = re.compile(rb'\{"id": (?:"(?:[^"\\]|\\.)*\\?|-?[0-9]*)\Z')
+_RESULT_SECOND_KEYS = (b', "prompt_tokens": [', b', "error": "')
+
+
+def _our_partial_line(last: bytes) -> bool:
+    """Whether an unfinished last line of OUT can be the start of a line result_line wrote: ASCII,
+    '{"id": ' + the id (perhaps cut) + ', "prompt_tokens": [' or ', "error": "' (perhaps cut).
+    Anything else (a user's {"id": 5, "name": ...} without its newline) means the file is not ours."""
+    if not last.isascii():
+        return False
+    if b'{"id": '.startswith(last) or _PARTIAL_ID_CUT.match(last):
+        return True
+    m = _PARTIAL_ID.match(last)
+    if m is None:
+        return False
+    rest = last[m.end():]
+    return any(k.startswith(rest) or rest.startswith(k) for k in _RESULT_SECOND_KEYS)
 
 
 def _is_result(obj) -> bool:
@@ -726,8 +747,6 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     Other arguments as run(). Returns the exit status (0; lines with an "error" field are results).
     Raises SynapseError for bad input.
     """
-    import fcntl
-
     from .inputs import check_regular_file
     from .models import resolve_model
 
@@ -744,17 +763,9 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     items = read_inputs(in_path)
     if ray_address is not None:
         _import_ray()  # before OUT is created: say how to install it
-    existed = os.path.exists(out_path)
-    try:
-        fd = os.open(out_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+    fd, created = _open_locked(out_path)
     wrote = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SynapseError(f"--output {out_path} is being written by another batch run") from None
         done, end = read_done(out_path)
         size = os.fstat(fd).st_size
         if end < size:
@@ -790,6 +801,44 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
                 prog.close()
         return 0
     finally:
+        # A run that failed before any result leaves nothing behind: the empty OUT it created itself
+        # is removed while its lock is still held (never a file another run holds or made).
+        if created and not wrote and os.fstat(fd).st_size == 0:
+            os.unlink(out_path)
         os.close(fd)
-        if not existed and not wrote and os.path.exists(out_path) and os.path.getsize(out_path) == 0:
-            os.unlink(out_path)  # a run that failed before any result leaves nothing behind
+
+
+def _open_locked(out_path):
+    """OUT opened for appending (created if missing) with its exclusive lock held: (fd, created).
+    created: this run created the file (so it may remove it, empty, on failure). The lock is
+    taken on the file at OUT's path: if OUT was removed or replaced between open and lock (another
+    run's clean-up), it is opened again. Raises SynapseError when another run holds the lock."""
+    import fcntl
+
+    while True:
+        created = False
+        try:
+            fd = os.open(out_path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            try:
+                fd = os.open(out_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+        except OSError as e:
+            raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # never remove a file whose lock another run holds
+            raise SynapseError(f"--output {out_path} is being written by another batch run") from None
+        try:
+            st, now = os.fstat(fd), os.stat(out_path)
+            same = (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd, created
+        os.close(fd)  # OUT was removed or replaced meanwhile: lock the file now at its path

@@ -466,3 +466,43 @@ def test_line_whose_id_cannot_be_read_stops_the_run_with_one_line(tmp_path, line
     out = tmp_path / "out.jsonl"
     assert what in one_error_line(cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", timeout=300))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [b'{"id": 5, "name": "my data"}', b'{"id": "x", "prompt": "mine"}',
+                                     b'{"id": 5}', b'{"id": 1, "text": "a", "stop": "eog"}\n{"id": 2, "nam'])
+def test_a_user_file_without_its_last_newline_is_not_cut(tmp_path, content):
+    # a one-line JSON file without a trailing newline was taken for a killed run's unfinished line,
+    # cut off and replaced: only a prefix of one of our result lines is cut now
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "tokens": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(content)
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "1", "-c", "64", timeout=300)
+    assert "not modified" in one_error_line(res)
+    assert out.read_bytes() == content
+
+
+def test_a_refused_run_never_removes_the_output_another_run_holds(tmp_path, monkeypatch):
+    # a run that failed to take OUT's lock unlinked OUT when OUT had not existed at its earlier check
+    # and was empty now: the winner then wrote its results into a removed file
+    import fcntl
+
+    import synapse_nb.batch as batch
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "tokens": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    real_open = os.open
+    holder = []
+
+    def racing_open(path, flags, *a):
+        if os.fspath(path) == str(out) and not holder:  # the other run creates and locks OUT first
+            fd = real_open(out, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder.append(fd)
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(batch.os, "open", racing_open)
+    with pytest.raises(batch.SynapseError, match="being written by another batch run"):
+        batch.run_file(TINY, inp, out, n_predict=1, n_ctx=64)
+    monkeypatch.undo()
+    assert out.exists() and os.fstat(holder[0]).st_nlink == 1  # the holder's file is still OUT
+    os.close(holder[0])
