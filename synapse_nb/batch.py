@@ -611,8 +611,10 @@ class Progress:
     """done/total, generated tokens/s and ETA on stderr: one line redrawn on a terminal, else a
     plain line every `interval` seconds and at the end.
 
-    Rate and ETA are measured from the first result on, so that model loading and kernel
-    compilation (once per worker, before any result) do not count as decoding time.
+    Rate and ETA are measured over wall time from the first decode on: a result's decode started
+    its timings' prompt_ms + eval_ms before it arrived, so that model loading and kernel
+    compilation (once per worker, before any decode) do not count as decoding time, and results
+    of parallel workers arriving together do not make the time look short.
     """
 
     def __init__(self, total: int, stream=None, interval: float = 10.0):
@@ -623,16 +625,16 @@ class Progress:
         except (OSError, ValueError):
             self.tty = False
         self.interval = interval
-        self.t_first = None
-        self.tokens_first = 0
+        self.t_first = None  # when the first decode started (perf_counter)
         self.last = time.perf_counter()
 
     def line(self) -> str:
         rate = eta = math.nan
-        if self.t_first is not None and self.done > 1:
+        if self.t_first is not None and self.done:
             dt = time.perf_counter() - self.t_first
-            rate = (self.tokens - self.tokens_first) / dt if dt > 0 else math.nan
-            eta = dt / (self.done - 1) * (self.total - self.done)
+            if dt > 0:
+                rate = self.tokens / dt
+                eta = dt / self.done * (self.total - self.done)
         err = f", {self.errors} error{'s' if self.errors != 1 else ''}" if self.errors else ""
         rate_s = f"{rate:.1f}" if math.isfinite(rate) else "?"
         return (f"batch: {self.done}/{self.total} done{err}, {rate_s} tokens/s, "
@@ -643,8 +645,13 @@ class Progress:
         self.tokens += len(result.get("tokens", ()))
         self.errors += "error" in result
         now = time.perf_counter()
-        if self.t_first is None:
-            self.t_first, self.tokens_first = now, self.tokens
+        t = result.get("timings") or {}
+        try:
+            began = now - (float(t.get("prompt_ms") or 0) + float(t.get("eval_ms") or 0)) / 1e3
+        except (TypeError, ValueError):
+            began = now
+        if self.t_first is None or began < self.t_first:
+            self.t_first = began
         if self.tty:
             _write_stderr(self.stream, "\r" + self.line() + "\x1b[K")
         elif now - self.last >= self.interval or self.done == self.total:

@@ -506,3 +506,18 @@ def test_a_refused_run_never_removes_the_output_another_run_holds(tmp_path, monk
     monkeypatch.undo()
     assert out.exists() and os.fstat(holder[0]).st_nlink == 1  # the holder's file is still OUT
     os.close(holder[0])
+
+
+def test_progress_rate_is_tokens_over_wall_time_from_the_first_decode(monkeypatch):
+    # two workers' results arriving together gave "2/2 done, 4598.3 tokens/s" for a 37 s run
+    import synapse_nb.batch as batch
+
+    clock = [100.0]
+    monkeypatch.setattr(batch.time, "perf_counter", lambda: clock[0])
+    s = io.StringIO()
+    p = batch.Progress(2, stream=s, interval=3600)
+    clock[0] = 137.0  # both lines decoded in parallel, 36 s each, done within a millisecond
+    p.update({"tokens": [0] * 100, "timings": {"prompt_ms": 1000.0, "eval_ms": 35000.0}})
+    clock[0] = 137.001
+    p.update({"tokens": [0] * 100, "timings": {"prompt_ms": 1000.0, "eval_ms": 35000.0}})
+    assert s.getvalue().strip() == "batch: 2/2 done, 5.6 tokens/s, ETA 0s"
