@@ -466,25 +466,20 @@ def _check_output(dest: str, inputs) -> None:
 
 
 def _save_npy(dest: str, array) -> None:
-    """Write ``array`` to ``dest`` atomically (temp file + link); never replaces an existing file."""
+    """Write ``array`` to ``dest`` (synapse_nb.inputs.NewFile: written unnamed, then linked; never
+    replaces an existing file; a killed run leaves nothing)."""
     import numpy as np
 
     from synapse_nb import SynapseError
+    from synapse_nb.inputs import NewFile
 
-    tmp = f"{dest}.tmp{os.getpid()}.npy"
+    out = NewFile(dest, "--logits-out")
     try:
-        np.save(tmp, array)
-        try:
-            os.link(tmp, dest)  # fails if dest appeared meanwhile, unlike os.replace
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or os.path.lexists(dest):
-                raise
-            os.replace(tmp, dest)  # a file system without hard links
+        np.save(out.f, array)
     except OSError as e:
+        out.abort()
         raise SynapseError(f"--logits-out {dest}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    out.commit()
 
 
 def _sampling_options(f):

@@ -34,7 +34,6 @@ vocabulary, other tokens) raise SynapseError with one line naming the problem.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import struct
@@ -217,44 +216,24 @@ def _check_new_file(dest) -> None:
 
 
 class _NewFile:
-    """A file written under a temporary name and linked to its final name at the end, never
-    replacing an existing file (os.link fails if dest appeared meanwhile)."""
+    """The .kld base being written: synapse_nb.inputs.NewFile (written unnamed, linked to its final
+    name at the end, never replacing an existing file; a killed run leaves nothing)."""
 
     def __init__(self, dest):
-        self.dest = str(dest)
-        _check_new_file(self.dest)
-        self.tmp = f"{self.dest}.tmp{os.getpid()}"
-        try:
-            self.f = open(self.tmp, "xb")
-        except OSError as e:
-            raise SynapseError(f"{self.dest}: cannot write {self.tmp}: {e.strerror}") from None
+        from .inputs import NewFile
+
+        _check_new_file(str(dest))
+        self._file = NewFile(dest, "--kl-divergence-base")
+        self.dest, self.tmp = self._file.dest, self._file.tmp
 
     def write(self, data) -> None:
-        try:
-            self.f.write(data)
-        except OSError as e:
-            self.abort()
-            raise SynapseError(f"{self.dest}: {e.strerror}") from None
+        self._file.write(data)
 
     def commit(self) -> None:
-        try:
-            self.f.close()
-            try:
-                os.link(self.tmp, self.dest)
-            except OSError as e:
-                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or os.path.lexists(self.dest):
-                    raise
-                os.replace(self.tmp, self.dest)  # a file system without hard links
-        except OSError as e:
-            raise SynapseError(f"{self.dest}: {e.strerror}") from None
-        finally:
-            self.abort()
+        self._file.commit()
 
     def abort(self) -> None:
-        if not self.f.closed:
-            self.f.close()
-        if os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+        self._file.abort()
 
 
 def perplexity(model, tokens, n_ctx: int = DEFAULT_N_CTX, n_batch: int = 64, n_threads: int | None = None,

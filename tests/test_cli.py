@@ -206,7 +206,8 @@ def test_sigterm_removes_the_partial_kld_file(tmp_path):
     for line in proc.stderr:  # the first chunk is done: the temporary file is being written
         if b"seconds per pass" in line:
             break
-    assert any(p.name.startswith("base.kld.tmp") for p in tmp_path.iterdir())
+    # written unnamed (O_TMPFILE), or under its temporary name where the file system has no O_TMPFILE
+    assert all(p.name.startswith("base.kld.tmp") for p in tmp_path.iterdir())
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read()
     proc.wait(timeout=120)
@@ -441,3 +442,34 @@ def test_token_list_with_a_huge_item_is_bad_input():
         assert res.returncode == 2
         line = one_error_line(res)
         assert "--tokens" in line and "outside the vocabulary" in line and len(line) < 400
+
+
+@pytest.mark.parametrize("what", ["npy", "kld"])
+def test_sigkill_while_writing_leaves_no_temporary_file(tmp_path, what):
+    # SIGKILL during --logits-out / --kl-divergence-base left X.npy.tmpPID.npy / X.kld.tmpPID (up to 117 MB):
+    # a child writes part of each the way the CLI does, then is killed in the middle
+    script = {
+        "npy": "import os, signal, numpy as np\nfrom cli import main\n"
+               "def save(f, a):\n    f.write(b'x' * 100000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+               "np.save = save\nmain._save_npy(DEST, np.zeros((4, 4), np.float32))\n",
+        "kld": "import os, signal\nfrom synapse_nb.perplexity import _NewFile\n"
+               "w = _NewFile(DEST); w.write(b'x' * 100000); w._file.f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n",
+    }[what].replace("DEST", repr(str(tmp_path / f"x.{what}")))
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120)
+    assert res.returncode == -signal.SIGKILL, res.stderr.decode()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_temporary_files_of_dead_runs_are_removed(tmp_path):
+    # where O_TMPFILE is missing, the named temporaries of killed runs are removed by the next run
+    from synapse_nb.inputs import remove_stale_temps
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = [tmp_path / f"x.npy.tmp{dead}.npy", tmp_path / f"x.kld.tmp{dead}"]
+    alive = tmp_path / f"x.npy.tmp{os.getppid()}.npy"
+    for p in stale + [alive, tmp_path / "x.npy.tmpnotapid"]:
+        p.write_bytes(b"partial")
+    assert sorted(remove_stale_temps(tmp_path / "x.npy") + remove_stale_temps(tmp_path / "x.kld")) == \
+        sorted(map(str, stale))
+    assert alive.exists() and (tmp_path / "x.npy.tmpnotapid").exists()
