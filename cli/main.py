@@ -328,6 +328,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             _log("sampler chain: logits -> " + " -> ".join(sampler.chain))
         sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
     eog = session.eog_ids(ignore_eos)  # the tokens that end the generation (not printed)
+    if stream is not None and (chat or {}).get("display_prompt"):  # --display-prompt, as llama-completion
+        out.write(tok.detokenize(prompt_ids, special=False).encode("utf-8", "surrogateescape"))
+        out.flush()
     try:
         for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler):
             generated.append(nxt)
@@ -521,6 +524,72 @@ def _sampling_options(f):
     return f
 
 
+def _llama_cpp_options(f):
+    """llama-completion's common flags that a llama.cpp user types, with llama.cpp's meanings (or
+    refused by their own name). Passed to the command as compat_* in **sampling, taken out first."""
+    opts = [
+        click.option("-no-cnv", "--no-conversation", "compat_no_cnv", is_flag=True,
+                     help="No conversation mode (the default here, as llama-completion's -no-cnv)."),
+        click.option("-fa", "--flash-attn", "compat_flash_attn", type=click.Choice(["on", "off", "auto"]),
+                     default=None, help="Flash attention: off or auto (computed without it); on is refused."),
+        click.option("-ub", "--ubatch-size", "compat_ubatch", type=_COUNT, default=None, metavar="N",
+                     help="Accepted for llama.cpp's command lines and ignored: results do not depend on it."),
+        click.option("--display-prompt/--no-display-prompt", "compat_display_prompt", default=False,
+                     show_default=True, help="Print the prompt before the generated text (llama.cpp's default "
+                                             "is to print it)."),
+        click.option("-e", "--escape/--no-escape", "compat_escape", default=True, show_default=True,
+                     help="Process escapes (\\n, \\t, \\\\, \\', \\\", \\xNN) in -p, as llama.cpp does by default."),
+        click.option("--color", "compat_color", is_flag=True, hidden=True),
+        click.option("-i", "--interactive", "compat_interactive", is_flag=True, hidden=True),
+        click.option("-if", "--interactive-first", "compat_interactive_first", is_flag=True, hidden=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _apply_llama_cpp_options(compat: dict, conversation: bool):
+    """(conversation, display_prompt) after llama-completion's flags; UsageError for the refused ones."""
+    if compat["flash_attn"] == "on":
+        raise click.UsageError("-fa/--flash-attn on: flash attention is not implemented; llama-decode computes "
+                               "as llama.cpp with -fa off (give off or auto, or leave it out)")
+    if compat["interactive"] or compat["interactive_first"]:
+        raise click.UsageError("-i/--interactive is not supported; use -cnv/--conversation for a chat")
+    if compat["ubatch"] is not None:
+        _log("warning: -ub/--ubatch-size is ignored: llama-decode's results do not depend on the batch sizes "
+             "(-b sets the prefill batch)")
+    # --color: accepted, nothing is colored. -no-cnv: conversation off, whatever -cnv said
+    return conversation and not compat["no_cnv"], compat["display_prompt"]
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v", "?": "?"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ \\a \\b \\f \\v \\? and \\xNN (an
+    ASCII code) replaced; any other backslash sequence, and a final lone backslash, kept as written."""
+    if "\\" not in text:
+        return text
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            hx = text[i + 2:i + 4]
+            if nxt == "x" and len(hx) == 2 and all(h in "0123456789abcdefABCDEF" for h in hx) and int(hx, 16) < 0x80:
+                out.append(chr(int(hx, 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single, **options):
     """--batch IN --output OUT [-j N] [--ray [ADDRESS]]: synapse_nb.batch.run_file does the work."""
     from synapse_nb.batch import run_file
@@ -592,6 +661,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, single
               help="KL divergence of our token distributions against --kl-divergence-base FILE.")
 @click.option("--chunks", type=_INT32, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @_sampling_options
+@_llama_cpp_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
                  no_parse_special, no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
@@ -643,10 +713,13 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             if batch_in is None:
                 raise SynapseError("standard output is closed: nothing to print the output to")
             sys.stdout = open(os.devnull, "w")  # batch mode writes --output; nothing goes to stdout
+        compat = {k[len("compat_"):]: sampling.pop(k) for k in list(sampling) if k.startswith("compat_")}
+        conversation, display_prompt = _apply_llama_cpp_options(compat, conversation)
         if prompt_opt is not None:
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
-            prompt = prompt_opt
+            # llama.cpp processes escapes in -p by default (-e/--escape; --no-escape keeps it as given)
+            prompt = process_escapes(prompt_opt) if compat["escape"] else prompt_opt
         if ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from . import perplexity as _ppl
 
@@ -671,7 +744,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                                           "--chat-template-file": chat_template_file}))
         else:
             chat = dict(conversation=conversation, single_turn=single_turn, system_prompt=system_prompt,
-                        chat_template_file=chat_template_file, jinja=jinja)
+                        chat_template_file=chat_template_file, jinja=jinja, display_prompt=display_prompt)
             code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                         no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
                         sampling=sampling, chat=chat)

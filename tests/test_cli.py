@@ -473,3 +473,39 @@ def test_stale_temporary_files_of_dead_runs_are_removed(tmp_path):
     assert sorted(remove_stale_temps(tmp_path / "x.npy") + remove_stale_temps(tmp_path / "x.kld")) == \
         sorted(map(str, stale))
     assert alive.exists() and (tmp_path / "x.npy.tmpnotapid").exists()
+
+
+def test_llama_completion_common_flags():
+    # -no-cnv was read as -n o-cnv, -fa off as a second prompt, -ub 64 as "No such option '-u'"
+    m = TINY / "tiny-llama-q8_0.gguf"
+    base = ["-p", "hi", "-n", "2", "-t", "1"]
+    for extra in (["-no-cnv"], ["-cnv", "-no-cnv"], ["-fa", "off"], ["--flash-attn", "auto"], ["-ub", "64"],
+                  ["--ubatch-size", "8"], ["--color"], ["--no-display-prompt"], ["--no-conversation"]):
+        res = run(m, *base, *extra)
+        assert res.returncode == 0, (extra, res.stderr.decode())
+    assert b"warning: -ub/--ubatch-size is ignored" in run(m, *base, "-ub", "64").stderr
+    for extra, name in ((["-fa", "on"], "-fa/--flash-attn on"), (["-i"], "-i/--interactive"),
+                        (["-ub", "0"], "-ub/--ubatch-size")):
+        res = run(m, *base, *extra)
+        assert res.returncode == 2 and name in one_error_line(res), extra
+    shown = run(m, "-p", "hello", "-n", "2", "-t", "1", "--display-prompt", "--json").stdout
+    plain = run(m, "-p", "hello", "-n", "2", "-t", "1").stdout
+    assert run(m, "-p", "hello", "-n", "2", "-t", "1", "--display-prompt").stdout == b" hello" + plain
+    assert json.loads(shown)["prompt_tokens"]  # --json output is unchanged by --display-prompt
+
+
+def test_prompt_escapes_are_processed_as_llama_cpp_does():
+    # llama.cpp's -e/--escape is on by default: \n, \t, \\, \', \" in -p are the characters
+    from cli.main import process_escapes
+
+    assert process_escapes(r"a\nb\tc\\d\'e\"f\x41\q" + "\\") == "a\nb\tc\\d'e\"fA\\q\\"
+    m = TINY / "tiny-llama-q8_0.gguf"
+
+    def ids(*args):
+        res = run(m, *args, "--tokenize")
+        assert res.returncode == 0, res.stderr.decode()
+        return json.loads(res.stdout)
+
+    assert ids("-p", r"a\nb") == ids("-p", "a\nb") == ids("-e", "-p", r"a\nb") == ids("--escape", "-p", r"a\nb")
+    assert ids("--no-escape", "-p", r"a\nb") != ids("-p", "a\nb")
+    assert ids(r"a\nb") == ids("--no-escape", "-p", r"a\nb")  # the PROMPT argument is taken as written
