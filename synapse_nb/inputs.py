@@ -28,10 +28,20 @@ from .errors import SynapseError
 BYTES_PER_TOKEN = 64
 
 
+# A vocabulary's longest token raises the bound only up to this many bytes in all (a downloaded
+# vocabulary with one 8 MiB token would otherwise let -f /dev/zero read gigabytes before refusing):
+# a text-heavy token past 64 bytes is rare, and 256 MiB is 32 times the largest real prompt bound.
+PROMPT_BYTES_MAX = 256 << 20
+
+
 def prompt_byte_limit(tokenizer, n_ctx: int) -> int:
-    """The most bytes a prompt that fits in n_ctx tokens can have (see BYTES_PER_TOKEN), >= 64."""
+    """The most bytes a prompt that fits in n_ctx tokens can have (see BYTES_PER_TOKEN), >= 64:
+    n_ctx * 64, or n_ctx * the longest token when longer, but then at most PROMPT_BYTES_MAX."""
     longest = max((len(t.encode("utf-8", "surrogateescape")) for t in tokenizer.vocab.tokens), default=0)
-    return max(1, n_ctx) * max(BYTES_PER_TOKEN, longest)
+    n = max(1, n_ctx)
+    if longest <= BYTES_PER_TOKEN:
+        return n * BYTES_PER_TOKEN
+    return max(n * BYTES_PER_TOKEN, min(n * longest, PROMPT_BYTES_MAX))
 
 
 def read_bounded(f, limit: int, what: str, n_ctx: int) -> bytes:
