@@ -464,6 +464,38 @@ def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> N
             return
 
 
+class _StubMain(type(sys)):
+    """What a spawned worker is told the parent's __main__ is: a module with no file and no spec."""
+
+
+def _caller_main_hidden():
+    """A context in which multiprocessing's spawn does not see the caller's __main__ module.
+
+    A spawned child imports the parent's main script again (as __mp_main__) before it runs its
+    target; a script calling run(..., workers=N) at its top level, without the
+    `if __name__ == "__main__":` guard, would call run again in each child (multiprocessing's
+    "bootstrapping phase" error). The workers' code is this module's, so they need nothing from the
+    caller's script: while they start, __main__ is a stub without __file__ or __spec__, and the
+    children import nothing of the caller's."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def hidden():
+        real = sys.modules.get("__main__")
+        stub = _StubMain("__main__")
+        stub.__spec__ = None
+        sys.modules["__main__"] = stub
+        try:
+            yield
+        finally:
+            if real is not None:
+                sys.modules["__main__"] = real
+            else:
+                del sys.modules["__main__"]
+
+    return hidden()
+
+
 def _run_processes(model, pending, workers, n_threads, options):
     import multiprocessing as mp
     import queue
@@ -475,8 +507,9 @@ def _run_processes(model, pending, workers, n_threads, options):
     tasks, results = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, tasks, results, os.getpid()),
                          daemon=True, name=f"synapse_nb-batch-{i}") for i in range(n_workers)]
-    for p in procs:
-        p.start()
+    with _caller_main_hidden():
+        for p in procs:
+            p.start()
     try:
         # At most 2 tasks per worker in flight: what a kill can lose, and no queue of thousands.
         it = iter(pending)

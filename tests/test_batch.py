@@ -521,3 +521,20 @@ def test_progress_rate_is_tokens_over_wall_time_from_the_first_decode(monkeypatc
     clock[0] = 137.001
     p.update({"tokens": [0] * 100, "timings": {"prompt_ms": 1000.0, "eval_ms": 35000.0}})
     assert s.getvalue().strip() == "batch: 2/2 done, 5.6 tokens/s, ETA 0s"
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_workers_from_a_script_without_a_main_guard(tmp_path, how):
+    # the README's batch.run(..., workers=2) copied into a script crashed ("An attempt has been made to
+    # start a new process before the current process has finished its bootstrapping phase"): spawned
+    # workers re-ran the caller's script; they now import nothing of it
+    script = ("import sys\nsys.path.insert(0, %r)\nfrom synapse_nb import batch\n"
+              "res = list(batch.run(%r, [{'id': i, 'tokens': [1, 2]} for i in range(4)], workers=2, n_predict=2, "
+              "n_ctx=64))\nprint(sorted(r['id'] for r in res), all('error' not in r for r in res))\n"
+              % (str(ROOT), str(TINY)))
+    path = tmp_path / "noguard.py"
+    path.write_text(script)
+    args, stdin = ([sys.executable, str(path)], None) if how == "file" else ([sys.executable, "-"], script.encode())
+    res = subprocess.run(args, input=stdin, capture_output=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr.decode()[-1000:]
+    assert res.stdout.decode().strip() == "[0, 1, 2, 3] True"
