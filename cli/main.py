@@ -395,8 +395,10 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     template = origin = None
     if chat["chat_template_file"] is not None:
         template, origin = read_template_file(chat["chat_template_file"]), chat["chat_template_file"]
+    t_start = time.perf_counter()
     path = resolve_model(model_arg)
     model = load_model(path)
+    timings = {"load_ms": round(1e3 * (time.perf_counter() - t_start), 2)}  # as the completion --json's
     hp = model.hparams
     n_ctx = check_n_ctx(hp, resolve_n_ctx(hp, ctx_size))  # before a turn is read with a bound sized by it
     _warn_n_ctx(n_ctx, hp)
@@ -408,6 +410,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
     session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
     n_threads = session.n_threads
+    timings.update(compile_ms=0.0, n_threads=n_threads)
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
@@ -417,6 +420,11 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
         _log(f"sampler seed: {sampler.seed}")
 
     def warmup():
+        t_c = time.perf_counter()
+        _warmup()
+        timings["compile_ms"] = round(1e3 * (time.perf_counter() - t_c), 2)
+
+    def _warmup():
         with _Compiling(verbose) as progress:
             session_warmup(model, progress=progress, jobs=min(2, n_threads))
             if sampler is not None:
@@ -427,7 +435,8 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     return run_conversation(model, session, first_user=first, system_prompt=chat["system_prompt"],
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
-                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler)
+                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler,
+                            timings=timings)
 
 
 def _warn_n_ctx(n_ctx: int, hp) -> None:

@@ -609,11 +609,26 @@ def _read_turn(prompt_on_tty: bool, limit: int | None = None):
         raise SynapseError(f"standard input: not valid UTF-8 (byte offset {e.start} of the line)") from None
 
 
+def _turn_timings(res: TurnResult, run_wide: dict | None) -> dict:
+    """A turn's JSON timings, with the keys of the completion --json: load_ms, compile_ms (run-wide,
+    when given), prompt_ms, prompt_tokens_per_s, eval_ms, eval_tokens_per_s, n_threads."""
+    run_wide = run_wide or {}
+    out = {k: run_wide[k] for k in ("load_ms", "compile_ms") if k in run_wide}
+    out["prompt_ms"] = round(res.prompt_ms, 2)
+    out["prompt_tokens_per_s"] = round(res.n_evaluated / (res.prompt_ms / 1e3), 2) if res.prompt_ms > 0 else None
+    out["eval_ms"] = round(res.eval_ms, 2)
+    out["eval_tokens_per_s"] = round(res.n_decoded / (res.eval_ms / 1e3), 2) \
+        if res.n_decoded and res.eval_ms > 0 else None
+    if "n_threads" in run_wide:
+        out["n_threads"] = run_wide["n_threads"]
+    return out
+
+
 def run_conversation(model, session, *, first_user: str | None = None, system_prompt: str | None = None,
                      single_turn: bool = False, n_predict: int = -1, jinja: bool = True,
                      chat_template: str | None = None, template_origin: str | None = None,
                      ignore_eos: bool = False, as_json: bool = False, verbose: bool = False,
-                     log=None, warmup=None, sampler=None) -> int:
+                     log=None, warmup=None, sampler=None, timings: dict | None = None) -> int:
     """The CLI's -cnv (conversation) and -st (single turn); returns the exit status.
 
     Turns: first_user (PROMPT/-p/-f) if given, then one line of standard input per turn ("> " on a
@@ -625,7 +640,9 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     turn's cache reuse. warmup(), if given, is called once the template and a given first turn are
     checked, before anything is evaluated (the CLI compiles the kernels there). sampler: a
     synapse_nb.Sampler for sampled replies (None: greedy); each turn's new input tokens are passed
-    to its accept before the reply, as llama-completion does. Raises SynapseError for
+    to its accept before the reply, as llama-completion does. timings: run-wide entries (the CLI's
+    load_ms, compile_ms, n_threads, as its completion --json has them) added to each turn's JSON
+    timings; read when a turn is printed (warmup may fill compile_ms). Raises SynapseError for
     a missing/bad template or a turn that does not fit.
     """
     tok = model.tokenizer
@@ -676,7 +693,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
                 "model": str(model.path), "turn": turn, "prompt_tokens": res.prompt_tokens, "tokens": res.tokens,
                 "text": res.text, "stop": res.stop, "n_reused": res.n_reused, "n_evaluated": res.n_evaluated,
                 "n_past": res.n_past,
-                "timings": {"prompt_ms": round(res.prompt_ms, 2), "eval_ms": round(res.eval_ms, 2)},
+                "timings": _turn_timings(res, timings),
                 **({"seed": sampler.seed} if sampler is not None else {}),
             }) + "\n").encode())
         else:

@@ -566,3 +566,17 @@ def test_huge_rendering_is_refused_before_tokenizing(tmp_path):
     assert res.returncode == 2
     line = one_error_line(res)
     assert "renders to more than" in line and "n_ctx = 64" in line
+
+
+def test_single_turn_json_timings_have_the_completion_keys(tmp_path):
+    # -st --json lacked load_ms, compile_ms and n_threads, which the completion JSON has
+    from conftest import tiny
+
+    t = tiny("tiny-llama-f32")
+    tmpl = _write(tmp_path / "t.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    res = run(t, "-st", "-p", "hi", "-n", "2", "-t", "1", "--json", "--chat-template-file", tmpl, "-c", "64")
+    assert res.returncode == 0, res.stderr.decode()
+    turn = json.loads(res.stdout)
+    done = json.loads(run(t, "-p", "hi", "-n", "2", "-t", "1", "--json", "-c", "64").stdout)
+    assert list(turn["timings"]) == list(done["timings"])
+    assert turn["timings"]["n_threads"] == 1
