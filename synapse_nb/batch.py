@@ -565,6 +565,7 @@ class RayDecoder:
 
     def __init__(self, model_arg: str, options: dict, n_threads: int):
         os.environ.setdefault("NUMBA_NUM_THREADS", str(n_threads))
+        _die_with_parent()  # the raylet: when ray.shutdown() ends it, this actor's process goes at once
         self.decoder = Decoder(model_arg, n_threads=n_threads, **options)
 
     def __call__(self, batch):
@@ -603,8 +604,13 @@ def _run_ray(ray, model, pending, address, workers, n_threads, options):
     env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
     started = False
     if not ray.is_initialized():
+        # Ray's own Python logging stays quiet (our progress line is the output): errors only (its
+        # token-authentication warning was printed on every run).
+        import logging
+
+        logging.getLogger("ray").setLevel(logging.ERROR)
         ray.init(address=None if address in ("", "local") else address, include_dashboard=False,
-                 logging_level="WARNING", log_to_driver=False)
+                 logging_level="ERROR", log_to_driver=False)
         started = True
     try:
         import ray.data

@@ -538,3 +538,14 @@ def test_workers_from_a_script_without_a_main_guard(tmp_path, how):
     res = subprocess.run(args, input=stdin, capture_output=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr.decode()[-1000:]
     assert res.stdout.decode().strip() == "[0, 1, 2, 3] True"
+
+
+def test_local_ray_run_does_not_print_rays_warnings(tmp_path):
+    # --ray printed Ray's token-authentication WARNING on every run (Ray's Python logging is now at ERROR)
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]'); CI installs it")
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "tokens": [1, 2]}, {"id": 2, "tokens": [1, 3]}])
+    out = tmp_path / "out.jsonl"
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "--ray", "-j", "1", timeout=600)
+    assert res.returncode == 0, res.stderr.decode()
+    assert [r["id"] for r in sorted(read_results(out), key=lambda r: r["id"])] == [1, 2]
+    assert b"WARNING" not in res.stderr and b"authentication" not in res.stderr, res.stderr.decode()
