@@ -266,3 +266,16 @@ def test_nan_weights_give_nan_logits_and_one_warning(tmp_path):
     assert len(warn) == 1 and warn[0].startswith("warning: "), res.stderr.decode()
     logits = np.load(out)
     assert np.isnan(logits).all()
+
+
+# ------------------------------------------------------------------ templates, batch lines, flags (issue 34)
+
+@pytest.mark.parametrize("kind,n", [("template", 30), ("batch", 60), ("flags", 150)])
+def test_input_fuzzer_subset_is_clean(kind, n):
+    """A fixed subset of benchmarks/fuzz_inputs.py (seed 1): every chat template, batch line and flag
+    set renders / decodes / runs, or is a one-line error; no exception, signal, hang or memory error."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_inputs.py"), "--kind", kind, "--n", str(n),
+                          "--seed", "1", "--timeout", "30", "--soft-timeout", "20"], capture_output=True, timeout=900,
+                         cwd=ROOT)
+    summary = json.loads(res.stdout)
+    assert summary["flagged"] == [] and summary["counts"]["ok"] + summary["counts"]["clean"] == n, summary
