@@ -430,9 +430,9 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> None:
-    """A worker process: load the model once, then decode tasks until it gets None (or the parent is gone)."""
-    import queue
+def _worker_main(model_arg, options, n_threads, conn, parent_pid) -> None:
+    """A worker process: load the model once, then decode the tasks received on conn (its end of a
+    Pipe) until it gets None (or the parent is gone)."""
     import signal
     import traceback
 
@@ -443,24 +443,27 @@ def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> N
     try:
         dec = Decoder(model_arg, n_threads=n_threads, **options)
     except SynapseError as e:
-        results.put(("bad-input", str(e)))
+        conn.send(("bad-input", str(e)))
         return
     except BaseException:
-        results.put(("internal", traceback.format_exc()))
+        conn.send(("internal", traceback.format_exc()))
         return
+    conn.send(("ready", None))
     while True:
         try:
-            task = tasks.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent_pid:
-                return
-            continue
+            if not conn.poll(1.0):
+                if os.getppid() != parent_pid:
+                    return
+                continue
+            task = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
         if task is None:
             return
         try:
-            results.put(("result", dec.decode(task)))
+            conn.send(("result", dec.decode(task)))
         except BaseException:
-            results.put(("internal", traceback.format_exc()))
+            conn.send(("internal", traceback.format_exc()))
             return
 
 
@@ -497,48 +500,57 @@ def _caller_main_hidden():
 
 
 def _run_processes(model, pending, workers, n_threads, options):
+    """Spawned workers, one Pipe each, one task in flight per worker (what a kill can lose). Pipes,
+    not multiprocessing Queues: a Queue's semaphores are registered with the resource tracker, which
+    printed a "leaked semaphore" warning after the run was killed (kill -9)."""
     import multiprocessing as mp
-    import queue
+    from multiprocessing.connection import wait
 
     model_arg = _model_arg(model)
     n_workers = min(workers, len(pending))
     n_threads = n_threads or max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, tasks, results, os.getpid()),
-                         daemon=True, name=f"synapse_nb-batch-{i}") for i in range(n_workers)]
+    conns, procs = [], []
+    for i in range(n_workers):
+        here, there = ctx.Pipe()
+        conns.append(here)
+        procs.append(ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, there, os.getpid()),
+                                 daemon=True, name=f"synapse_nb-batch-{i}"))
     with _caller_main_hidden():
         for p in procs:
             p.start()
     try:
-        # At most 2 tasks per worker in flight: what a kill can lose, and no queue of thousands.
         it = iter(pending)
-        in_flight = 0
-        for obj in it:
-            tasks.put(obj)
-            in_flight += 1
-            if in_flight >= 2 * n_workers:
-                break
-        while in_flight:
-            try:
-                kind, payload = results.get(timeout=1.0)
-            except queue.Empty:
+        busy = {}  # conn -> True while it has a task
+        live = set(conns)
+        while live:
+            ready = wait(list(live), timeout=1.0)
+            if not ready:
                 dead = [p for p in procs if p.exitcode is not None]
                 if dead:
                     raise RuntimeError(f"batch worker {dead[0].name} died (exit code {dead[0].exitcode})")
                 continue
-            if kind == "bad-input":
-                raise SynapseError(payload)
-            if kind == "internal":
-                raise RuntimeError("batch worker failed: " + payload.strip().splitlines()[-1])
-            in_flight -= 1
-            nxt = next(it, None)
-            if nxt is not None:
-                tasks.put(nxt)
-                in_flight += 1
-            yield payload
-        for _ in procs:
-            tasks.put(None)
+            for c in ready:
+                try:
+                    kind, payload = c.recv()
+                except (EOFError, OSError):
+                    p = procs[conns.index(c)]
+                    p.join(timeout=5)
+                    raise RuntimeError(f"batch worker {p.name} died (exit code {p.exitcode})") from None
+                if kind == "bad-input":
+                    raise SynapseError(payload)
+                if kind == "internal":
+                    raise RuntimeError("batch worker failed: " + payload.strip().splitlines()[-1])
+                if kind == "result":
+                    busy[c] = False
+                    yield payload
+                nxt = next(it, None)
+                if nxt is not None:
+                    c.send(nxt)
+                    busy[c] = True
+                elif not busy.get(c):
+                    c.send(None)
+                    live.discard(c)
         for p in procs:
             p.join(timeout=10)
     finally:
@@ -546,8 +558,8 @@ def _run_processes(model, pending, workers, n_threads, options):
             if p.is_alive():
                 p.kill()
                 p.join()
-        tasks.cancel_join_thread()
-        results.cancel_join_thread()
+        for c in conns:
+            c.close()
 
 
 # ---- Ray

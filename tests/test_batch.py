@@ -549,3 +549,23 @@ def test_local_ray_run_does_not_print_rays_warnings(tmp_path):
     assert res.returncode == 0, res.stderr.decode()
     assert [r["id"] for r in sorted(read_results(out), key=lambda r: r["id"])] == [1, 2]
     assert b"WARNING" not in res.stderr and b"authentication" not in res.stderr, res.stderr.decode()
+
+
+def test_kill_9_of_a_worker_run_leaves_no_resource_tracker_warning(tmp_path):
+    # kill -9 of a -j 2 batch left "resource_tracker: There appear to be N leaked semaphore objects"
+    # (multiprocessing Queues' semaphores); the workers now talk over Pipes, which register nothing
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "tokens": [1, 2]} for i in range(400)])
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(TINY), "--batch", str(inp), "--output", str(out),
+                             "-n", "32", "-c", "64", "-j", "2", "-t", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.kill()
+    err = proc.stderr.read()  # EOF once every process holding our stderr (tracker, workers) is gone
+    proc.wait()
+    assert b"leaked" not in err and b"resource_tracker" not in err, err.decode()
+    results = read_results(out) if out.read_bytes().endswith(b"\n") else []
+    assert all("error" not in r for r in results)
