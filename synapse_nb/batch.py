@@ -648,7 +648,17 @@ def _run_ray(ray, model, pending, address, workers, n_threads, options):
             map_args["compute"] = ray.data.ActorPoolStrategy(size=n_actors)
         else:
             map_args["concurrency"] = n_actors
-        ds = ds.map_batches(RayDecoder, **map_args)
+        import warnings
+
+        try:
+            # Actors not restarted (one that dies is an internal error of the run): Ray's core printed an
+            # "E core_worker" line on every run for restartable actors whose constructor arguments are in
+            # its object store. Passed as a remote argument, which this Ray deprecates (quietly here).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = ds.map_batches(RayDecoder, **map_args, max_restarts=0)
+        except TypeError:  # a Ray without remote arguments in map_batches
+            ds = ds.map_batches(RayDecoder, **map_args)
         for row in ds.iter_rows():
             yield json.loads(row["result"])
     finally:
