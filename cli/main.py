@@ -44,24 +44,32 @@ def _one_line(msg: str, limit: int = 500) -> str:
     return out if len(out) <= limit else out[:limit] + "..."
 
 
+_I32_MAX = 2**31 - 1
+
+
 class _AtLeast(click.ParamType):
-    """An integer option with a lower bound, checked where click parses it (one place for every mode:
-    completion, chat, batch, perplexity): below it is the one-line usage error "must be >= MIN"."""
+    """An integer option with a lower bound and an upper one (default: int32's, the type of llama.cpp's
+    option and of the kernels' counts), checked where click parses it (one place for every mode:
+    completion, chat, batch, perplexity): outside is the one-line usage error "must be >= MIN" or
+    "must be <= MAX". Every integer option of the command has one."""
 
     name = "integer"
 
-    def __init__(self, minimum: int, note: str = ""):
-        self.minimum, self.note = minimum, note
+    def __init__(self, minimum: int, note: str = "", maximum: int = _I32_MAX):
+        self.minimum, self.note, self.maximum = minimum, note, maximum
 
     def convert(self, value, param, ctx):
         v = click.INT.convert(value, param, ctx)
+        hint = "/".join(param.opts) if param is not None else None
         if v < self.minimum:  # named as the checks did: "Invalid value for -b/--batch-size: ..."
-            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx,
-                                     param_hint="/".join(param.opts) if param is not None else None)
+            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx, param_hint=hint)
+        if v > self.maximum:
+            raise click.BadParameter(f"must be <= {self.maximum}", ctx=ctx, param_hint=hint)
         return v
 
 
 _COUNT = _AtLeast(1)
+_INT32 = _AtLeast(-_I32_MAX - 1)
 
 
 def _given(name: str) -> bool:
@@ -75,7 +83,12 @@ def _parse_token_list(text: str) -> list[int]:
     if items == [""]:
         raise click.BadParameter("empty token list", param_hint="--tokens")
     if not all(re.fullmatch(r"[+-]?[0-9]+", t) for t in items):
-        raise click.BadParameter(f"not a comma-separated list of integers: {text!r}", param_hint="--tokens")
+        raise click.BadParameter(f"not a comma-separated list of integers: {_one_line(text, 80)!r}",
+                                 param_hint="--tokens")
+    long = next((t for t in items if len(t.lstrip("+-")) > 18), None)  # past int64 (and int()'s digit limit)
+    if long is not None:
+        raise click.BadParameter(f"token id {long[:20]}... ({len(long)} digits) is outside the vocabulary",
+                                 param_hint="--tokens")
     return [int(t) for t in items]
 
 
@@ -190,7 +203,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, check_token_ids, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, check_token_ids, resolve_n_ctx, warmup as session_warmup
 
     if chat is not None and (chat["conversation"] or chat["single_turn"]):
         bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
@@ -226,6 +239,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         _log(f"loaded {path}: arch {hp.arch}, n_layer {hp.n_layer}, n_embd {hp.n_embd}, n_vocab {hp.n_vocab} "
              f"in {1e3 * (t_loaded - t_start):.0f} ms")
 
+    # n_ctx before anything sized by it (the prompt read's bound): the KV cache must fit in memory.
+    n_ctx_max = check_n_ctx(model.hparams, resolve_n_ctx(model.hparams, ctx_size))
+    _warn_n_ctx(n_ctx_max, model.hparams)
     # The prompt as token ids.
     if tokens is not None:
         if prompt is not None or file is not None:
@@ -235,7 +251,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     else:
         from synapse_nb.inputs import prompt_byte_limit
 
-        n_ctx_max = resolve_n_ctx(model.hparams, ctx_size)
         text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
@@ -252,7 +267,6 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     n_threads = session.n_threads  # at most Numba's thread count
     session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
     n_ctx = session.n_ctx
-    _warn_n_ctx(n_ctx, hp)
     sampler = None
     matcher = _grammar_matcher(grammar_text, tok, verbose)
     if any(v is not None and v != () for v in (sampling or {}).values()):  # else greedy: no sampling module
@@ -327,6 +341,9 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             _log("sampler chain: logits -> " + " -> ".join(sampler.chain))
         sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
     eog = session.eog_ids(ignore_eos)  # the tokens that end the generation (not printed)
+    if stream is not None and (chat or {}).get("display_prompt"):  # --display-prompt, as llama-completion
+        out.write(tok.detokenize(prompt_ids, special=False).encode("utf-8", "surrogateescape"))
+        out.flush()
     try:
         for nxt in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler,
                                          grammar=matcher if sampler is None else None):
@@ -384,7 +401,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
     from synapse_nb.chat import chat_renderer, has_chat_template, read_template_file, run_conversation
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, resolve_n_ctx, warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
@@ -395,10 +412,13 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     from synapse_nb.grammar import grammar_from_options
 
     grammar_text = grammar_from_options(**(grammar_opts or {}))
+    t_start = time.perf_counter()
     path = resolve_model(model_arg)
     model = load_model(path)
+    timings = {"load_ms": round(1e3 * (time.perf_counter() - t_start), 2)}  # as the completion --json's
     hp = model.hparams
-    n_ctx = resolve_n_ctx(hp, ctx_size)
+    n_ctx = check_n_ctx(hp, resolve_n_ctx(hp, ctx_size))  # before a turn is read with a bound sized by it
+    _warn_n_ctx(n_ctx, hp)
     first = None
     if prompt is not None or file is not None:
         from synapse_nb.inputs import prompt_byte_limit
@@ -411,7 +431,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
              "suboptimal responses (--chat-template-file FILE gives one)")
     session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
     n_threads = session.n_threads
-    _warn_n_ctx(n_ctx, hp)
+    timings.update(compile_ms=0.0, n_threads=n_threads)
     from synapse_nb.sampling import sampler_from_options
 
     tok = model.tokenizer
@@ -422,6 +442,11 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
         _log(f"sampler seed: {sampler.seed}")
 
     def warmup():
+        t_c = time.perf_counter()
+        _warmup()
+        timings["compile_ms"] = round(1e3 * (time.perf_counter() - t_c), 2)
+
+    def _warmup():
         with _Compiling(verbose) as progress:
             session_warmup(model, progress=progress, jobs=min(2, n_threads))
             if sampler is not None:
@@ -433,7 +458,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
                             as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler,
-                            grammar=matcher)
+                            grammar=matcher, timings=timings)
 
 
 def _grammar_text(grammar_opts):
@@ -495,25 +520,20 @@ def _check_output(dest: str, inputs) -> None:
 
 
 def _save_npy(dest: str, array) -> None:
-    """Write ``array`` to ``dest`` atomically (temp file + link); never replaces an existing file."""
+    """Write ``array`` to ``dest`` (synapse_nb.inputs.NewFile: written unnamed, then linked; never
+    replaces an existing file; a killed run leaves nothing)."""
     import numpy as np
 
     from synapse_nb import SynapseError
+    from synapse_nb.inputs import NewFile
 
-    tmp = f"{dest}.tmp{os.getpid()}.npy"
+    out = NewFile(dest, "--logits-out")
     try:
-        np.save(tmp, array)
-        try:
-            os.link(tmp, dest)  # fails if dest appeared meanwhile, unlike os.replace
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or os.path.lexists(dest):
-                raise
-            os.replace(tmp, dest)  # a file system without hard links
+        np.save(out.f, array)
     except OSError as e:
+        out.abort()
         raise SynapseError(f"--logits-out {dest}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    out.commit()
 
 
 def _sampling_options(f):
@@ -525,7 +545,7 @@ def _sampling_options(f):
     F = dict(type=float, default=None, metavar="N")
     opts = [
         click.option("--temp", **F, help="Sampling temperature [0.8]."),
-        click.option("--top-k", type=int, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
+        click.option("--top-k", type=_INT32, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
         click.option("--top-p", **F, help="Top-p sampling, 1.0 = off [0.95]."),
         click.option("--min-p", **F, help="Min-p sampling, 0.0 = off [0.05]."),
         click.option("--typical", "typical_p", **F, help="Locally typical sampling p, 1.0 = off [1.0]."),
@@ -535,13 +555,14 @@ def _sampling_options(f):
         click.option("--dynatemp-range", **F, help="Dynamic temperature range, 0.0 = off [0.0]."),
         click.option("--dynatemp-exp", "dynatemp_exponent", **F, help="Dynamic temperature exponent [1.0]."),
         click.option("--repeat-penalty", **F, help="Repeat penalty, 1.0 = off [1.0]."),
-        click.option("--repeat-last-n", "penalty_last_n", type=int, default=None, metavar="N",
+        click.option("--repeat-last-n", "penalty_last_n", type=_INT32, default=None, metavar="N",
                      help="Last N tokens (prompt included) to penalize, 0 = off [64]."),
         click.option("--presence-penalty", **F, help="Presence penalty, 0.0 = off [0.0]."),
         click.option("--frequency-penalty", **F, help="Frequency penalty, 0.0 = off [0.0]."),
-        click.option("--min-keep", type=int, default=None, metavar="N",
+        click.option("--min-keep", type=_AtLeast(0), default=None, metavar="N",
                      help="Minimum candidates each sampler keeps [0]."),
-        click.option("-s", "--seed", type=int, default=None, metavar="SEED",
+        click.option("-s", "--seed", type=_AtLeast(-1, " (-1: random)", maximum=2**32 - 1), default=None,
+                     metavar="SEED",
                      help="RNG seed, -1 = random (the seed used is printed on stderr) [-1]."),
         click.option("-l", "--logit-bias", multiple=True, metavar="TOKEN(+|-)BIAS",
                      help="Add BIAS to TOKEN's logit, e.g. 15043+1 or 15043-inf (repeatable)."),
@@ -552,6 +573,72 @@ def _sampling_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def _llama_cpp_options(f):
+    """llama-completion's common flags that a llama.cpp user types, with llama.cpp's meanings (or
+    refused by their own name). Passed to the command as compat_* in **sampling, taken out first."""
+    opts = [
+        click.option("-no-cnv", "--no-conversation", "compat_no_cnv", is_flag=True,
+                     help="No conversation mode (the default here, as llama-completion's -no-cnv)."),
+        click.option("-fa", "--flash-attn", "compat_flash_attn", type=click.Choice(["on", "off", "auto"]),
+                     default=None, help="Flash attention: off or auto (computed without it); on is refused."),
+        click.option("-ub", "--ubatch-size", "compat_ubatch", type=_COUNT, default=None, metavar="N",
+                     help="Accepted for llama.cpp's command lines and ignored: results do not depend on it."),
+        click.option("--display-prompt/--no-display-prompt", "compat_display_prompt", default=False,
+                     show_default=True, help="Print the prompt before the generated text (llama.cpp's default "
+                                             "is to print it)."),
+        click.option("-e", "--escape/--no-escape", "compat_escape", default=True, show_default=True,
+                     help="Process escapes (\\n, \\t, \\\\, \\', \\\", \\xNN) in -p, as llama.cpp does by default."),
+        click.option("--color", "compat_color", is_flag=True, hidden=True),
+        click.option("-i", "--interactive", "compat_interactive", is_flag=True, hidden=True),
+        click.option("-if", "--interactive-first", "compat_interactive_first", is_flag=True, hidden=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _apply_llama_cpp_options(compat: dict, conversation: bool):
+    """(conversation, display_prompt) after llama-completion's flags; UsageError for the refused ones."""
+    if compat["flash_attn"] == "on":
+        raise click.UsageError("-fa/--flash-attn on: flash attention is not implemented; llama-decode computes "
+                               "as llama.cpp with -fa off (give off or auto, or leave it out)")
+    if compat["interactive"] or compat["interactive_first"]:
+        raise click.UsageError("-i/--interactive is not supported; use -cnv/--conversation for a chat")
+    if compat["ubatch"] is not None:
+        _log("warning: -ub/--ubatch-size is ignored: llama-decode's results do not depend on the batch sizes "
+             "(-b sets the prefill batch)")
+    # --color: accepted, nothing is colored. -no-cnv: conversation off, whatever -cnv said
+    return conversation and not compat["no_cnv"], compat["display_prompt"]
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v", "?": "?"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ \\a \\b \\f \\v \\? and \\xNN (an
+    ASCII code) replaced; any other backslash sequence, and a final lone backslash, kept as written."""
+    if "\\" not in text:
+        return text
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            hx = text[i + 2:i + 4]
+            if nxt == "x" and len(hx) == 2 and all(h in "0123456789abcdefABCDEF" for h in hx) and int(hx, 16) < 0x80:
+                out.append(chr(int(hx, 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_parallel, single, **options):
@@ -580,7 +667,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
 @click.option("-c", "--ctx-size", type=_AtLeast(0), default=None,
               help="Context size n_ctx in tokens, 0 = the model's n_ctx_train [default: min(n_ctx_train, 4096)].")
 @click.option("-b", "--batch-size", type=_COUNT, default=64, show_default=True, help="Prefill batch size.")
-@click.option("-t", "--threads", type=int, default=None, metavar="N",
+@click.option("-t", "--threads", type=_INT32, default=None, metavar="N",
               help="Threads, <= 0 = all cores [default: all cores].")
 @click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
               help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder).")
@@ -624,7 +711,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
                    "with --kl-divergence: the base file to compare against.")
 @click.option("--kl-divergence", "kl_div", is_flag=True,
               help="KL divergence of our token distributions against --kl-divergence-base FILE.")
-@click.option("--chunks", type=int, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
+@click.option("--chunks", type=_INT32, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @click.option("--grammar", type=str, default=None, metavar="GBNF",
               help="Constrain the output with this GBNF grammar (llama.cpp's grammar syntax).")
 @click.option("--grammar-file", type=str, default=None, metavar="FILE", help="The GBNF grammar from FILE.")
@@ -632,6 +719,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
               help="Constrain the output to JSON of this JSON schema (converted to GBNF as llama.cpp does).")
 @click.option("-jf", "--json-schema-file", type=str, default=None, metavar="FILE", help="The JSON schema from FILE.")
 @_sampling_options
+@_llama_cpp_options
 @server_options
 @click.version_option(version=__version__, prog_name="llama-decode", message="%(prog)s %(version)s")
 def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size, threads, gpu_layers, ignore_eos,
@@ -688,10 +776,13 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             if batch_in is None:
                 raise SynapseError("standard output is closed: nothing to print the output to")
             sys.stdout = open(os.devnull, "w")  # batch mode writes --output; nothing goes to stdout
+        compat = {k[len("compat_"):]: sampling.pop(k) for k in list(sampling) if k.startswith("compat_")}
+        conversation, display_prompt = _apply_llama_cpp_options(compat, conversation)
         if prompt_opt is not None:
             if prompt is not None:
                 raise click.UsageError("give the prompt either as PROMPT or with -p/--prompt, not both")
-            prompt = prompt_opt
+            # llama.cpp processes escapes in -p by default (-e/--escape; --no-escape keeps it as given)
+            prompt = process_escapes(prompt_opt) if compat["escape"] else prompt_opt
         if replicas is not None and not (server and ray_address is not None):
             raise click.UsageError("--replicas goes with --server --ray")
         if server:
@@ -734,7 +825,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
                                           "--chat-template-file": chat_template_file}))
         else:
             chat = dict(conversation=conversation, single_turn=single_turn, system_prompt=system_prompt,
-                        chat_template_file=chat_template_file, jinja=jinja)
+                        chat_template_file=chat_template_file, jinja=jinja, display_prompt=display_prompt)
             code = _run(model, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos, no_parse_special,
                         no_add_special, tokens, tokenize_only, as_json, logits_out, prefill_check, verbose,
                         sampling=sampling, chat=chat, grammar_opts=grammar_opts)

@@ -24,7 +24,7 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
     from synapse_nb import SynapseError
     from synapse_nb import perplexity as P
     from synapse_nb.model import load_model
-    from synapse_nb.session import resolve_n_ctx, usable_threads, warmup as session_warmup
+    from synapse_nb.session import check_n_ctx, resolve_n_ctx, usable_threads, warmup as session_warmup
     from synapse_nb.models import resolve_model
 
     from .main import _Compiling, _log, _parse_token_list, _read_prompt
@@ -42,7 +42,9 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
     model = load_model(path)
     n_threads = usable_threads(threads or os.cpu_count() or 1)
     if ctx_size is not None:  # -c 0: the model's training context (a Session's n_ctx 0)
-        ctx_size = resolve_n_ctx(model.hparams, ctx_size)
+        ctx_size = check_n_ctx(model.hparams, resolve_n_ctx(model.hparams, ctx_size))
+    if kb is not None:  # the base file's header sets the workload: checked against the model first
+        P.check_kld_header(model, kb)
     if kb is not None and ctx_size is not None and ctx_size < kb.n_ctx:
         raise SynapseError(f"{kld_base} has been computed with n_ctx {kb.n_ctx}, while -c is {ctx_size}; increase it "
                            f"(or omit -c)")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,19 @@ def _lines(f, what: str):
             raise SynapseError(f"{what} line {n}: longer than {LINE_BYTES >> 20} MiB")
         yield n, raw
 
+
+
+def _parse_int(digits: str):
+    """json's parse_int: an integer of more than 4000 digits (past Python's int-string limit, and any
+    range a line's value may have) becomes inf, so that its key gets the usual "must be an integer"
+    error instead of a ValueError stopping the whole run."""
+    return int(digits) if len(digits) <= 4000 else float("-inf" if digits.startswith("-") else "inf")
+
+
+def _json_line(text: str):
+    """One JSON line parsed (json.loads with _parse_int). Raises ValueError (JSONDecodeError) or
+    RecursionError (nested too deeply) when it cannot be read."""
+    return json.loads(text, parse_int=_parse_int)
 
 
 def _one_line(msg, limit: int = 500) -> str:
@@ -152,10 +166,14 @@ def read_inputs(path) -> list[dict]:
         except UnicodeDecodeError as e:
             raise SynapseError(f"--batch {path} line {n}: not valid UTF-8 (offset {e.start})") from None
         try:
-            obj = json.loads(text)
+            obj = _json_line(text)
         except json.JSONDecodeError as e:
             raise SynapseError(f"--batch {path} line {n}: not JSON ({e.msg}, column {e.colno}); each line must "
                                f"be one JSON object with an \"id\"") from None
+        except (ValueError, RecursionError) as e:
+            what = "nested too deeply" if isinstance(e, RecursionError) else _one_line(e, 100)
+            raise SynapseError(f"--batch {path} line {n}: cannot be read as JSON ({what}); each line must be one "
+                               f"JSON object with an \"id\"") from None
         if not isinstance(obj, dict):
             raise SynapseError(f"--batch {path} line {n}: not a JSON object")
         if "id" not in obj:
@@ -513,9 +531,9 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> None:
-    """A worker process: load the model once, then decode tasks until it gets None (or the parent is gone)."""
-    import queue
+def _worker_main(model_arg, options, n_threads, conn, parent_pid) -> None:
+    """A worker process: load the model once, then decode the tasks received on conn (its end of a
+    Pipe) until it gets None (or the parent is gone)."""
     import signal
     import traceback
 
@@ -526,69 +544,114 @@ def _worker_main(model_arg, options, n_threads, tasks, results, parent_pid) -> N
     try:
         dec = Decoder(model_arg, n_threads=n_threads, **options)
     except SynapseError as e:
-        results.put(("bad-input", str(e)))
+        conn.send(("bad-input", str(e)))
         return
     except BaseException:
-        results.put(("internal", traceback.format_exc()))
+        conn.send(("internal", traceback.format_exc()))
         return
+    conn.send(("ready", None))
     while True:
         try:
-            task = tasks.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent_pid:
-                return
-            continue
+            if not conn.poll(1.0):
+                if os.getppid() != parent_pid:
+                    return
+                continue
+            task = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
         if task is None:
             return
         try:
-            results.put(("result", dec.decode(task)))
+            conn.send(("result", dec.decode(task)))
         except BaseException:
-            results.put(("internal", traceback.format_exc()))
+            conn.send(("internal", traceback.format_exc()))
             return
 
 
+class _StubMain(type(sys)):
+    """What a spawned worker is told the parent's __main__ is: a module with no file and no spec."""
+
+
+def _caller_main_hidden():
+    """A context in which multiprocessing's spawn does not see the caller's __main__ module.
+
+    A spawned child imports the parent's main script again (as __mp_main__) before it runs its
+    target; a script calling run(..., workers=N) at its top level, without the
+    `if __name__ == "__main__":` guard, would call run again in each child (multiprocessing's
+    "bootstrapping phase" error). The workers' code is this module's, so they need nothing from the
+    caller's script: while they start, __main__ is a stub without __file__ or __spec__, and the
+    children import nothing of the caller's."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def hidden():
+        real = sys.modules.get("__main__")
+        stub = _StubMain("__main__")
+        stub.__spec__ = None
+        sys.modules["__main__"] = stub
+        try:
+            yield
+        finally:
+            if real is not None:
+                sys.modules["__main__"] = real
+            else:
+                del sys.modules["__main__"]
+
+    return hidden()
+
+
 def _run_processes(model, pending, workers, n_threads, options):
+    """Spawned workers, one Pipe each, one task in flight per worker (what a kill can lose). Pipes,
+    not multiprocessing Queues: a Queue's semaphores are registered with the resource tracker, which
+    printed a "leaked semaphore" warning after the run was killed (kill -9)."""
     import multiprocessing as mp
-    import queue
+    from multiprocessing.connection import wait
 
     model_arg = _model_arg(model)
     n_workers = min(workers, len(pending))
     n_threads = n_threads or max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, tasks, results, os.getpid()),
-                         daemon=True, name=f"synapse_nb-batch-{i}") for i in range(n_workers)]
-    for p in procs:
-        p.start()
+    conns, procs = [], []
+    for i in range(n_workers):
+        here, there = ctx.Pipe()
+        conns.append(here)
+        procs.append(ctx.Process(target=_worker_main, args=(model_arg, options, n_threads, there, os.getpid()),
+                                 daemon=True, name=f"synapse_nb-batch-{i}"))
+    with _caller_main_hidden():
+        for p in procs:
+            p.start()
     try:
-        # At most 2 tasks per worker in flight: what a kill can lose, and no queue of thousands.
         it = iter(pending)
-        in_flight = 0
-        for obj in it:
-            tasks.put(obj)
-            in_flight += 1
-            if in_flight >= 2 * n_workers:
-                break
-        while in_flight:
-            try:
-                kind, payload = results.get(timeout=1.0)
-            except queue.Empty:
+        busy = {}  # conn -> True while it has a task
+        live = set(conns)
+        while live:
+            ready = wait(list(live), timeout=1.0)
+            if not ready:
                 dead = [p for p in procs if p.exitcode is not None]
                 if dead:
                     raise RuntimeError(f"batch worker {dead[0].name} died (exit code {dead[0].exitcode})")
                 continue
-            if kind == "bad-input":
-                raise SynapseError(payload)
-            if kind == "internal":
-                raise RuntimeError("batch worker failed: " + payload.strip().splitlines()[-1])
-            in_flight -= 1
-            nxt = next(it, None)
-            if nxt is not None:
-                tasks.put(nxt)
-                in_flight += 1
-            yield payload
-        for _ in procs:
-            tasks.put(None)
+            for c in ready:
+                try:
+                    kind, payload = c.recv()
+                except (EOFError, OSError):
+                    p = procs[conns.index(c)]
+                    p.join(timeout=5)
+                    raise RuntimeError(f"batch worker {p.name} died (exit code {p.exitcode})") from None
+                if kind == "bad-input":
+                    raise SynapseError(payload)
+                if kind == "internal":
+                    raise RuntimeError("batch worker failed: " + payload.strip().splitlines()[-1])
+                if kind == "result":
+                    busy[c] = False
+                    yield payload
+                nxt = next(it, None)
+                if nxt is not None:
+                    c.send(nxt)
+                    busy[c] = True
+                elif not busy.get(c):
+                    c.send(None)
+                    live.discard(c)
         for p in procs:
             p.join(timeout=10)
     finally:
@@ -596,8 +659,8 @@ def _run_processes(model, pending, workers, n_threads, options):
             if p.is_alive():
                 p.kill()
                 p.join()
-        tasks.cancel_join_thread()
-        results.cancel_join_thread()
+        for c in conns:
+            c.close()
 
 
 # ---- Ray
@@ -615,6 +678,7 @@ class RayDecoder:
 
     def __init__(self, model_arg: str, options: dict, n_threads: int):
         os.environ.setdefault("NUMBA_NUM_THREADS", str(n_threads))
+        _die_with_parent()  # the raylet: when ray.shutdown() ends it, this actor's process goes at once
         self.decoder = Decoder(model_arg, n_threads=n_threads, **options)
 
     def __call__(self, batch):
@@ -653,8 +717,13 @@ def _run_ray(ray, model, pending, address, workers, n_threads, options):
     env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
     started = False
     if not ray.is_initialized():
+        # Ray's own Python logging stays quiet (our progress line is the output): errors only (its
+        # token-authentication warning was printed on every run).
+        import logging
+
+        logging.getLogger("ray").setLevel(logging.ERROR)
         ray.init(address=None if address in ("", "local") else address, include_dashboard=False,
-                 logging_level="WARNING", log_to_driver=False)
+                 logging_level="ERROR", log_to_driver=False)
         started = True
     try:
         import ray.data
@@ -680,7 +749,17 @@ def _run_ray(ray, model, pending, address, workers, n_threads, options):
             map_args["compute"] = ray.data.ActorPoolStrategy(size=n_actors)
         else:
             map_args["concurrency"] = n_actors
-        ds = ds.map_batches(RayDecoder, **map_args)
+        import warnings
+
+        try:
+            # Actors not restarted (one that dies is an internal error of the run): Ray's core printed an
+            # "E core_worker" line on every run for restartable actors whose constructor arguments are in
+            # its object store. Passed as a remote argument, which this Ray deprecates (quietly here).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = ds.map_batches(RayDecoder, **map_args, max_restarts=0)
+        except TypeError:  # a Ray without remote arguments in map_batches
+            ds = ds.map_batches(RayDecoder, **map_args)
         for row in ds.iter_rows():
             yield json.loads(row["result"])
     finally:
@@ -694,8 +773,10 @@ class Progress:
     """done/total, generated tokens/s and ETA on stderr: one line redrawn on a terminal, else a
     plain line every `interval` seconds and at the end.
 
-    Rate and ETA are measured from the first result on, so that model loading and kernel
-    compilation (once per worker, before any result) do not count as decoding time.
+    Rate and ETA are measured over wall time from the first decode on: a result's decode started
+    its timings' prompt_ms + eval_ms before it arrived, so that model loading and kernel
+    compilation (once per worker, before any decode) do not count as decoding time, and results
+    of parallel workers arriving together do not make the time look short.
     """
 
     def __init__(self, total: int, stream=None, interval: float = 10.0):
@@ -706,16 +787,16 @@ class Progress:
         except (OSError, ValueError):
             self.tty = False
         self.interval = interval
-        self.t_first = None
-        self.tokens_first = 0
+        self.t_first = None  # when the first decode started (perf_counter)
         self.last = time.perf_counter()
 
     def line(self) -> str:
         rate = eta = math.nan
-        if self.t_first is not None and self.done > 1:
+        if self.t_first is not None and self.done:
             dt = time.perf_counter() - self.t_first
-            rate = (self.tokens - self.tokens_first) / dt if dt > 0 else math.nan
-            eta = dt / (self.done - 1) * (self.total - self.done)
+            if dt > 0:
+                rate = self.tokens / dt
+                eta = dt / self.done * (self.total - self.done)
         err = f", {self.errors} error{'s' if self.errors != 1 else ''}" if self.errors else ""
         rate_s = f"{rate:.1f}" if math.isfinite(rate) else "?"
         return (f"batch: {self.done}/{self.total} done{err}, {rate_s} tokens/s, "
@@ -726,8 +807,13 @@ class Progress:
         self.tokens += len(result.get("tokens", ()))
         self.errors += "error" in result
         now = time.perf_counter()
-        if self.t_first is None:
-            self.t_first, self.tokens_first = now, self.tokens
+        t = result.get("timings") or {}
+        try:
+            began = now - (float(t.get("prompt_ms") or 0) + float(t.get("eval_ms") or 0)) / 1e3
+        except (TypeError, ValueError):
+            began = now
+        if self.t_first is None or began < self.t_first:
+            self.t_first = began
         if self.tty:
             _write_stderr(self.stream, "\r" + self.line() + "\x1b[K")
         elif now - self.last >= self.interval or self.done == self.total:
@@ -765,8 +851,8 @@ def read_done(out_path) -> tuple[set, int]:
                 if not raw.strip():
                     continue
                 try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError):
+                    obj = _json_line(raw.decode("utf-8"))
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     obj = None
                 if not _is_result(obj):
                     raise SynapseError(f"--output {out_path} line {n} is not a batch result line; the file is not "
@@ -776,10 +862,30 @@ def read_done(out_path) -> tuple[set, int]:
         return set(), 0
     except OSError as e:
         raise SynapseError(f"--output {out_path}: {e.strerror}") from None
-    if last and not last.startswith(b'{"id": '):
+    if last and not _our_partial_line(last):
         raise SynapseError(f"--output {out_path} ends in a line that is not a batch result; the file is not "
                            f"modified (give another --output)")
     return done, end
+
+
+_PARTIAL_ID = re.compile(rb'\{"id": (?:"(?:[^"\\]|\\.)*"|-?[0-9]+)')
+_PARTIAL_ID_CUT = re.compile(rb'\{"id": (?:"(?:[^"\\]|\\.)*\\?|-?[0-9]*)\Z')
+_RESULT_SECOND_KEYS = (b', "prompt_tokens": [', b', "error": "')
+
+
+def _our_partial_line(last: bytes) -> bool:
+    """Whether an unfinished last line of OUT can be the start of a line result_line wrote: ASCII,
+    '{"id": ' + the id (perhaps cut) + ', "prompt_tokens": [' or ', "error": "' (perhaps cut).
+    Anything else (a user's {"id": 5, "name": ...} without its newline) means the file is not ours."""
+    if not last.isascii():
+        return False
+    if b'{"id": '.startswith(last) or _PARTIAL_ID_CUT.match(last):
+        return True
+    m = _PARTIAL_ID.match(last)
+    if m is None:
+        return False
+    rest = last[m.end():]
+    return any(k.startswith(rest) or rest.startswith(k) for k in _RESULT_SECOND_KEYS)
 
 
 def _is_result(obj) -> bool:
@@ -810,8 +916,6 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     Other arguments as run(). Returns the exit status (0; lines with an "error" field are results).
     Raises SynapseError for bad input.
     """
-    import fcntl
-
     from .inputs import check_regular_file
     from .models import resolve_model
 
@@ -829,17 +933,9 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
     items = read_inputs(in_path)
     if ray_address is not None:
         _import_ray()  # before OUT is created: say how to install it
-    existed = os.path.exists(out_path)
-    try:
-        fd = os.open(out_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+    fd, created = _open_locked(out_path)
     wrote = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SynapseError(f"--output {out_path} is being written by another batch run") from None
         done, end = read_done(out_path)
         size = os.fstat(fd).st_size
         if end < size:
@@ -877,6 +973,44 @@ def run_file(model, in_path, out_path, *, workers: int | None = None, n_threads:
                 prog.close()
         return 0
     finally:
+        # A run that failed before any result leaves nothing behind: the empty OUT it created itself
+        # is removed while its lock is still held (never a file another run holds or made).
+        if created and not wrote and os.fstat(fd).st_size == 0:
+            os.unlink(out_path)
         os.close(fd)
-        if not existed and not wrote and os.path.exists(out_path) and os.path.getsize(out_path) == 0:
-            os.unlink(out_path)  # a run that failed before any result leaves nothing behind
+
+
+def _open_locked(out_path):
+    """OUT opened for appending (created if missing) with its exclusive lock held: (fd, created).
+    created: this run created the file (so it may remove it, empty, on failure). The lock is
+    taken on the file at OUT's path: if OUT was removed or replaced between open and lock (another
+    run's clean-up), it is opened again. Raises SynapseError when another run holds the lock."""
+    import fcntl
+
+    while True:
+        created = False
+        try:
+            fd = os.open(out_path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            try:
+                fd = os.open(out_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+        except OSError as e:
+            raise SynapseError(f"--output {out_path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # never remove a file whose lock another run holds
+            raise SynapseError(f"--output {out_path} is being written by another batch run") from None
+        try:
+            st, now = os.fstat(fd), os.stat(out_path)
+            same = (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd, created
+        os.close(fd)  # OUT was removed or replaced meanwhile: lock the file now at its path

@@ -76,6 +76,35 @@ def _strftime_now(fmt):
     return _dt.datetime.now().strftime(fmt)
 
 
+# The largest integer result of ** or * in a template, in bits (real templates count messages).
+TEMPLATE_INT_BITS = 1 << 16
+
+
+class _TemplateLimit(Exception):
+    """An operation of a template refused for its size (_check_binop)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_binop(operator: str, left, right) -> None:
+    """Refuse ** and * of integers whose result would exceed TEMPLATE_INT_BITS (bounded before
+    CPython computes it: an integer power or product runs in C, uninterruptible)."""
+    if not (_is_int(left) and _is_int(right)):
+        return
+    a, b = abs(left).bit_length(), abs(right).bit_length()
+    if operator == "**":
+        if right <= 0 or abs(left) <= 1:
+            return  # a float (negative power) or |result| <= 1
+        bits = a * right
+    else:
+        bits = a + b
+    if bits > TEMPLATE_INT_BITS:
+        what = f"{a}-bit integer to the power {right}" if operator == "**" else f"{a}-bit times {b}-bit integer"
+        raise _TemplateLimit(f"{what}: more than {TEMPLATE_INT_BITS} bits")
+
+
 _ENV = None
 
 
@@ -87,8 +116,18 @@ def _environment():
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:  # pragma: no cover - a dependency of the package
             raise SynapseError("rendering a chat template needs jinja2 (pip install jinja2)") from None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        class _Environment(ImmutableSandboxedEnvironment):
+            # ** and * go through call_binop, which refuses huge integers: CPython computes them in C
+            # without checking signals, so the time cap could not stop `10 ** 1000000000`. An
+            # intercepted operator is also never constant-folded when the template is compiled.
+            intercepted_binops = frozenset(["**", "*"])
+
+            def call_binop(self, context, operator, left, right):
+                _check_binop(operator, left, right)
+                return super().call_binop(context, operator, left, right)
+
+        env = _Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
+                           extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -192,36 +231,45 @@ class ChatTemplate:
         msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return SynapseError(f"chat template of {self.origin}{where}: {what}: {msg}")
 
-    def compile(self):
-        """Parse the template (once). Raises SynapseError on a syntax error, naming its line."""
-        if self._compiled is None:
-            env = _environment()
+    def _limited(self, fn, doing: str):
+        """fn() under the memory and time caps of a rendering; the ways a template can fail, as
+        SynapseError. doing: "compiling" or "rendering" (for the messages)."""
+        try:
+            with _memory_cap(RENDER_MEMORY_BYTES), _time_cap(RENDER_SECONDS):
+                return fn()
+        except MemoryError:
+            raise SynapseError(f"chat template of {self.origin}: {doing} it needs more than "
+                               f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
+        except _RenderTimeout:
+            raise SynapseError(f"chat template of {self.origin}: {doing} it takes more than "
+                               f"{RENDER_SECONDS:g} s") from None
+        except _TemplateRaised as e:
+            raise self._error(e, "raise_exception") from None
+        except _TemplateLimit as e:
+            raise self._error(e, "too large") from None
+        except RecursionError as e:
+            raise self._error(e, "nested too deeply" if doing == "compiling" else "recursion too deep") from None
+        except Exception as e:  # jinja2.TemplateError, SecurityError, TypeError, ... from the template
             import jinja2
 
-            try:
-                self._compiled = env.from_string(self.source)
-            except jinja2.TemplateSyntaxError as e:
+            if isinstance(e, jinja2.TemplateSyntaxError):
                 raise self._error(e, "syntax error") from None
+            what = "cannot compile" if doing == "compiling" else "cannot render"
+            raise self._error(e, f"{what} ({type(e).__name__})") from None
+
+    def compile(self):
+        """Parse the template (once), under the same memory and time caps as a rendering (jinja2
+        evaluates constant expressions while compiling). Raises SynapseError on a syntax error
+        (naming its line), a template nested too deeply, or one past the caps."""
+        if self._compiled is None:
+            env = _environment()
+            self._compiled = self._limited(lambda: env.from_string(self.source), "compiling")
         return self._compiled
 
     def render(self, variables: dict) -> str:
         """The template rendered with `variables`. Raises SynapseError naming the template line."""
         tmpl = self.compile()
-        try:
-            with _memory_cap(RENDER_MEMORY_BYTES), _time_cap(RENDER_SECONDS):
-                return tmpl.render(**variables)
-        except MemoryError:
-            raise SynapseError(f"chat template of {self.origin}: rendering it needs more than "
-                               f"{RENDER_MEMORY_BYTES >> 20} MiB of memory") from None
-        except _RenderTimeout:
-            raise SynapseError(f"chat template of {self.origin}: rendering it takes more than "
-                               f"{RENDER_SECONDS:g} s") from None
-        except _TemplateRaised as e:
-            raise self._error(e, "raise_exception") from None
-        except RecursionError as e:
-            raise self._error(e, "recursion too deep") from None
-        except Exception as e:  # jinja2.TemplateError, SecurityError, TypeError, ... from the template
-            raise self._error(e, f"cannot render ({type(e).__name__})") from None
+        return self._limited(lambda: tmpl.render(**variables), "rendering")
 
 
 def check_messages(messages) -> list[dict]:
@@ -443,11 +491,23 @@ class Conversation:
         if system_prompt is not None:
             self.messages.append({"role": "system", "content": system_prompt})
         self.cached: list[int] = []  # the tokens in the KV cache, len == session.n_past
+        self._byte_limit = None  # the most bytes a rendering can have and fit in n_ctx (prompt_tokens)
         session.reset()
 
     def prompt_tokens(self, user_text: str) -> list[int]:
-        """The conversation with a new user turn, rendered with the generation prompt, as token ids."""
+        """The conversation with a new user turn, rendered with the generation prompt, as token ids.
+        Raises SynapseError, before tokenizing, when the rendering has more bytes than n_ctx tokens
+        can hold (synapse_nb.inputs.prompt_byte_limit, as for a -f prompt)."""
         text = self.render(self.messages + [{"role": "user", "content": user_text}], True)
+        if self._byte_limit is None:
+            from .inputs import prompt_byte_limit
+
+            self._byte_limit = prompt_byte_limit(self.tokenizer, self.session.n_ctx)
+        # a str has at most 4 UTF-8 bytes per character: the encoding is only needed near the limit
+        if len(text) > self._byte_limit // 4 and len(text.encode("utf-8", "surrogatepass")) > self._byte_limit:
+            raise SynapseError(f"the conversation with this turn renders to more than {self._byte_limit} bytes, more "
+                               f"than the context (n_ctx = {self.session.n_ctx} tokens) can hold; start a new "
+                               f"conversation, raise -c/--ctx-size, or check the chat template")
         return self.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
     def check_fits(self, full: list[int]) -> None:
@@ -574,11 +634,26 @@ def _read_turn(prompt_on_tty: bool, limit: int | None = None):
         raise SynapseError(f"standard input: not valid UTF-8 (byte offset {e.start} of the line)") from None
 
 
+def _turn_timings(res: TurnResult, run_wide: dict | None) -> dict:
+    """A turn's JSON timings, with the keys of the completion --json: load_ms, compile_ms (run-wide,
+    when given), prompt_ms, prompt_tokens_per_s, eval_ms, eval_tokens_per_s, n_threads."""
+    run_wide = run_wide or {}
+    out = {k: run_wide[k] for k in ("load_ms", "compile_ms") if k in run_wide}
+    out["prompt_ms"] = round(res.prompt_ms, 2)
+    out["prompt_tokens_per_s"] = round(res.n_evaluated / (res.prompt_ms / 1e3), 2) if res.prompt_ms > 0 else None
+    out["eval_ms"] = round(res.eval_ms, 2)
+    out["eval_tokens_per_s"] = round(res.n_decoded / (res.eval_ms / 1e3), 2) \
+        if res.n_decoded and res.eval_ms > 0 else None
+    if "n_threads" in run_wide:
+        out["n_threads"] = run_wide["n_threads"]
+    return out
+
+
 def run_conversation(model, session, *, first_user: str | None = None, system_prompt: str | None = None,
                      single_turn: bool = False, n_predict: int = -1, jinja: bool = True,
                      chat_template: str | None = None, template_origin: str | None = None,
                      ignore_eos: bool = False, as_json: bool = False, verbose: bool = False,
-                     log=None, warmup=None, sampler=None, grammar=None) -> int:
+                     log=None, warmup=None, sampler=None, grammar=None, timings: dict | None = None) -> int:
     """The CLI's -cnv (conversation) and -st (single turn); returns the exit status.
 
     Turns: first_user (PROMPT/-p/-f) if given, then one line of standard input per turn ("> " on a
@@ -590,7 +665,9 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     turn's cache reuse. warmup(), if given, is called once the template and a given first turn are
     checked, before anything is evaluated (the CLI compiles the kernels there). sampler: a
     synapse_nb.Sampler for sampled replies (None: greedy); each turn's new input tokens are passed
-    to its accept before the reply, as llama-completion does. Raises SynapseError for
+    to its accept before the reply, as llama-completion does. timings: run-wide entries (the CLI's
+    load_ms, compile_ms, n_threads, as its completion --json has them) added to each turn's JSON
+    timings; read when a turn is printed (warmup may fill compile_ms). Raises SynapseError for
     a missing/bad template or a turn that does not fit.
     """
     tok = model.tokenizer
@@ -641,7 +718,7 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
                 "model": str(model.path), "turn": turn, "prompt_tokens": res.prompt_tokens, "tokens": res.tokens,
                 "text": res.text, "stop": res.stop, "n_reused": res.n_reused, "n_evaluated": res.n_evaluated,
                 "n_past": res.n_past,
-                "timings": {"prompt_ms": round(res.prompt_ms, 2), "eval_ms": round(res.eval_ms, 2)},
+                "timings": _turn_timings(res, timings),
                 **({"seed": sampler.seed} if sampler is not None else {}),
             }) + "\n").encode())
         else:

@@ -34,7 +34,6 @@ vocabulary, other tokens) raise SynapseError with one line naming the problem.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import struct
@@ -204,52 +203,37 @@ class PerplexityResult:
 
 
 def _check_new_file(dest) -> None:
+    """SynapseError unless dest can be created as a new file (it does not exist, its directory
+    takes a new file: /proc or a read-only directory is found now, before any work)."""
+    from .inputs import check_writable
+
     if os.path.lexists(dest):
         raise SynapseError(f"{dest} already exists; it is not overwritten (remove it or choose another name)")
     d = os.path.dirname(os.path.abspath(dest))
     if not os.path.isdir(d):
         raise SynapseError(f"{dest}: no such directory")
+    check_writable(dest, "--kl-divergence-base")
 
 
 class _NewFile:
-    """A file written under a temporary name and linked to its final name at the end, never
-    replacing an existing file (os.link fails if dest appeared meanwhile)."""
+    """The .kld base being written: synapse_nb.inputs.NewFile (written unnamed, linked to its final
+    name at the end, never replacing an existing file; a killed run leaves nothing)."""
 
     def __init__(self, dest):
-        self.dest = str(dest)
-        _check_new_file(self.dest)
-        self.tmp = f"{self.dest}.tmp{os.getpid()}"
-        try:
-            self.f = open(self.tmp, "xb")
-        except OSError as e:
-            raise SynapseError(f"{self.dest}: cannot write {self.tmp}: {e.strerror}") from None
+        from .inputs import NewFile
+
+        _check_new_file(str(dest))
+        self._file = NewFile(dest, "--kl-divergence-base")
+        self.dest, self.tmp = self._file.dest, self._file.tmp
 
     def write(self, data) -> None:
-        try:
-            self.f.write(data)
-        except OSError as e:
-            self.abort()
-            raise SynapseError(f"{self.dest}: {e.strerror}") from None
+        self._file.write(data)
 
     def commit(self) -> None:
-        try:
-            self.f.close()
-            try:
-                os.link(self.tmp, self.dest)
-            except OSError as e:
-                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or os.path.lexists(self.dest):
-                    raise
-                os.replace(self.tmp, self.dest)  # a file system without hard links
-        except OSError as e:
-            raise SynapseError(f"{self.dest}: {e.strerror}") from None
-        finally:
-            self.abort()
+        self._file.commit()
 
     def abort(self) -> None:
-        if not self.f.closed:
-            self.f.close()
-        if os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+        self._file.abort()
 
 
 def perplexity(model, tokens, n_ctx: int = DEFAULT_N_CTX, n_batch: int = 64, n_threads: int | None = None,
@@ -606,6 +590,25 @@ class KLDAccumulator:
             st["same_top_unc"] = float(np.sqrt(np.float64(top * (1.0 - top) / (cnt - 1))))
         res.statistics = st
         return res
+
+
+def check_kld_header(model, kb: KLDBase) -> None:
+    """The base file's header against the model, before any work it sets: the same vocabulary size,
+    and an n_ctx within the model's training context whose KV cache fits in memory (a header is
+    untrusted input: n_ctx 4194304 would make one chunk minutes of work, or more memory than the
+    machine has). llama-perplexity only warns for n_ctx > n_ctx_train; a base file computed on a
+    model of this vocabulary with a longer context than this model's is refused here."""
+    from .session import check_n_ctx
+
+    n_vocab = _n_vocab(model)
+    if kb.n_vocab != n_vocab:
+        raise SynapseError(f"{kb.path}: inconsistent vocabulary: the base file has {kb.n_vocab} tokens, the model "
+                           f"{model.path.name} {n_vocab}; it was computed with another model's vocabulary")
+    n_ctx_train = model.hparams.n_ctx_train
+    if kb.n_ctx > n_ctx_train:
+        raise SynapseError(f"{kb.path}: computed with n_ctx {kb.n_ctx}, more than the model's training context "
+                           f"(n_ctx_train {n_ctx_train}); not a base file for this model")
+    check_n_ctx(model.hparams, kb.n_ctx, what=f"{kb.path}: n_ctx")
 
 
 def check_kld_base(model, kb: KLDBase, tokens=None) -> np.ndarray:

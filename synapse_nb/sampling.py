@@ -207,6 +207,7 @@ def _softmax(c: _Cands, do_sort: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_I32_MAX = 2**31 - 1  # llama.cpp's int32_t parameters (min_keep, top_k, penalty_last_n): the kernels' range
 
 
 def _f32_param(name, value, finite=True):
@@ -271,12 +272,12 @@ class Sampler:
                             top_n_sigma=top_n_sigma, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
                             dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent)
         self.temp = _f32_param("temp", temp)
-        self.top_k = _int_param("top_k", top_k, -2**31, 2**31 - 1)
+        self.top_k = _int_param("top_k", top_k, -_I32_MAX - 1, _I32_MAX)
         self.top_p = _f32_param("top_p", top_p)
         self.min_p = _f32_param("min_p", min_p)
         self.typical_p = _f32_param("typical_p", typical_p)
-        self.min_keep = _int_param("min_keep", min_keep, 0)
-        self.penalty_last_n = _int_param("penalty_last_n", penalty_last_n, 0, 2**31 - 1)
+        self.min_keep = _int_param("min_keep", min_keep, 0, _I32_MAX)
+        self.penalty_last_n = _int_param("penalty_last_n", penalty_last_n, 0, _I32_MAX)
         self.repeat_penalty = _f32_param("repeat_penalty", repeat_penalty)
         if not self.repeat_penalty > 0 or not math.isfinite(_F32(1.0) / self.repeat_penalty):
             raise SynapseError(f"sampling: repeat_penalty must be finite and > 0, got {repeat_penalty!r}")
@@ -290,8 +291,8 @@ class Sampler:
         if _f32_param("dry_multiplier", dry_multiplier) != 0:
             raise SynapseError("sampling: DRY (dry_multiplier != 0) is not supported")
         _f32_param("dry_base", dry_base)
-        _int_param("dry_allowed_length", dry_allowed_length)
-        _int_param("dry_penalty_last_n", dry_penalty_last_n)
+        _int_param("dry_allowed_length", dry_allowed_length, -_I32_MAX - 1, _I32_MAX)
+        _int_param("dry_penalty_last_n", dry_penalty_last_n, -_I32_MAX - 1, _I32_MAX)
         seed = _int_param("seed", seed, -1, 2**32 - 1)
         if seed == -1 or seed == LLAMA_DEFAULT_SEED:
             seed = secrets.randbits(32)  # get_rng_seed's random seed, one for dist and xtc

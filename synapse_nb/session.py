@@ -156,6 +156,19 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
+def check_n_ctx(hp: HParams, n_ctx, what: str = "n_ctx") -> int:
+    """n_ctx (after resolve_n_ctx) as an int, after checking that it is a positive integer whose
+    KV cache fits in this machine's memory; raises SynapseError naming `what` otherwise. Cheap: the
+    CLI calls it before any input sized by n_ctx (a prompt read, a .kld workload) is read."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
+        raise SynapseError(f"{what} must be a positive integer, got {n_ctx!r}")
+    kv_bytes = KVCache.nbytes(hp, int(n_ctx))
+    if kv_bytes > _physical_memory():
+        raise SynapseError(f"{what} {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than this "
+                           f"machine's memory; use a smaller context (-c/--ctx-size)")
+    return int(n_ctx)
+
+
 class Session:
     """One sequence being decoded: KV cache of n_ctx positions, n_past of them filled.
 
@@ -172,10 +185,8 @@ class Session:
         n_ctx = resolve_n_ctx(hp, n_ctx)
         if not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
             raise SynapseError(f"{model.path}: n_ctx must be a positive integer, got {n_ctx!r}")
+        check_n_ctx(hp, n_ctx)
         kv_bytes = KVCache.nbytes(hp, int(n_ctx))
-        if kv_bytes > _physical_memory():
-            raise SynapseError(f"n_ctx {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than this "
-                               f"machine's memory; use a smaller context (-c/--ctx-size)")
         if not isinstance(n_batch, (int, np.integer)) or n_batch < 1:
             raise SynapseError(f"{model.path}: n_batch must be a positive integer, got {n_batch!r}")
         if n_threads is not None:

@@ -462,3 +462,147 @@ def test_parallel_does_not_combine_with_workers(tmp_path):
     res = cli(model_path(), "--batch", inp, "--output", tmp_path / "out.jsonl", "-np", "2", "--workers", "2")
     assert res.returncode == 2 and "does not combine with --workers" in one_error_line(res)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+# ---------------------------------------------------------------- hostile lines (issue 34)
+
+TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf"
+DIGITS = "9" * 5000  # past Python's int-string limit (4300 digits)
+
+
+def test_hostile_values_give_that_line_an_error_and_the_run_goes_on(tmp_path):
+    # a 5000-digit n_predict was a ValueError out of json.loads, min_keep 1e300 or a 20-digit one a
+    # Numba TypingError: each aborted the whole batch (internal error, exit 1)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "good", "tokens": [1, 2]}\n'
+                   f'{{"id": "digits", "tokens": [1], "n_predict": {DIGITS}}}\n'
+                   '{"id": "keepf", "tokens": [1], "min_keep": 1e300}\n'
+                   '{"id": "keepi", "tokens": [1], "min_keep": 99999999999999999999}\n'
+                   f'{{"id": "topk", "tokens": [1], "top_k": {DIGITS}}}\n')
+    out = tmp_path / "out.jsonl"
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "-t", "1", timeout=300)
+    assert res.returncode == 0, res.stderr.decode()
+    results = {r["id"]: r for r in read_results(out)}
+    assert "error" not in results["good"] and len(results["good"]["tokens"]) == 2
+    assert '"n_predict" must be an integer' in results["digits"]["error"]
+    assert "min_keep must be in [0, 2147483647]" in results["keepf"]["error"]
+    assert "min_keep must be in [0, 2147483647]" in results["keepi"]["error"]
+    assert "top_k must be an integer" in results["topk"]["error"]
+
+
+@pytest.mark.parametrize("line,what", [
+    (f'{{"id": {DIGITS}, "tokens": [1]}}', '"id" must be a string or an integer'),
+    ('{"id": "deep", "tokens": [1], "logit_bias": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+], ids=["5000-digit-id", "deep-value", "deep-line"])
+def test_line_whose_id_cannot_be_read_stops_the_run_with_one_line(tmp_path, line, what):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "good", "tokens": [1, 2]}\n' + line + "\n")
+    out = tmp_path / "out.jsonl"
+    assert what in one_error_line(cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", timeout=300))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [b'{"id": 5, "name": "my data"}', b'{"id": "x", "prompt": "mine"}',
+                                     b'{"id": 5}', b'{"id": 1, "text": "a", "stop": "eog"}\n{"id": 2, "nam'])
+def test_a_user_file_without_its_last_newline_is_not_cut(tmp_path, content):
+    # a one-line JSON file without a trailing newline was taken for a killed run's unfinished line,
+    # cut off and replaced: only a prefix of one of our result lines is cut now
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "tokens": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(content)
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "1", "-c", "64", timeout=300)
+    assert "not modified" in one_error_line(res)
+    assert out.read_bytes() == content
+
+
+def test_a_refused_run_never_removes_the_output_another_run_holds(tmp_path, monkeypatch):
+    # a run that failed to take OUT's lock unlinked OUT when OUT had not existed at its earlier check
+    # and was empty now: the winner then wrote its results into a removed file
+    import fcntl
+
+    import synapse_nb.batch as batch
+
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "tokens": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    real_open = os.open
+    holder = []
+
+    def racing_open(path, flags, *a):
+        if os.fspath(path) == str(out) and not holder:  # the other run creates and locks OUT first
+            fd = real_open(out, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder.append(fd)
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(batch.os, "open", racing_open)
+    with pytest.raises(batch.SynapseError, match="being written by another batch run"):
+        batch.run_file(TINY, inp, out, n_predict=1, n_ctx=64)
+    monkeypatch.undo()
+    assert out.exists() and os.fstat(holder[0]).st_nlink == 1  # the holder's file is still OUT
+    os.close(holder[0])
+
+
+def test_progress_rate_is_tokens_over_wall_time_from_the_first_decode(monkeypatch):
+    # two workers' results arriving together gave "2/2 done, 4598.3 tokens/s" for a 37 s run
+    import synapse_nb.batch as batch
+
+    clock = [100.0]
+    monkeypatch.setattr(batch.time, "perf_counter", lambda: clock[0])
+    s = io.StringIO()
+    p = batch.Progress(2, stream=s, interval=3600)
+    clock[0] = 137.0  # both lines decoded in parallel, 36 s each, done within a millisecond
+    p.update({"tokens": [0] * 100, "timings": {"prompt_ms": 1000.0, "eval_ms": 35000.0}})
+    clock[0] = 137.001
+    p.update({"tokens": [0] * 100, "timings": {"prompt_ms": 1000.0, "eval_ms": 35000.0}})
+    assert s.getvalue().strip() == "batch: 2/2 done, 5.6 tokens/s, ETA 0s"
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_workers_from_a_script_without_a_main_guard(tmp_path, how):
+    # the README's batch.run(..., workers=2) copied into a script crashed ("An attempt has been made to
+    # start a new process before the current process has finished its bootstrapping phase"): spawned
+    # workers re-ran the caller's script; they now import nothing of it
+    script = ("import sys\nsys.path.insert(0, %r)\nfrom synapse_nb import batch\n"
+              "res = list(batch.run(%r, [{'id': i, 'tokens': [1, 2]} for i in range(4)], workers=2, n_predict=2, "
+              "n_ctx=64))\nprint(sorted(r['id'] for r in res), all('error' not in r for r in res))\n"
+              % (str(ROOT), str(TINY)))
+    path = tmp_path / "noguard.py"
+    path.write_text(script)
+    args, stdin = ([sys.executable, str(path)], None) if how == "file" else ([sys.executable, "-"], script.encode())
+    res = subprocess.run(args, input=stdin, capture_output=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr.decode()[-1000:]
+    assert res.stdout.decode().strip() == "[0, 1, 2, 3] True"
+
+
+def test_local_ray_run_prints_only_our_progress(tmp_path):
+    # --ray printed Ray's token-authentication WARNING and an "E core_worker" line on every run
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]'); CI installs it")
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "tokens": [1, 2]}, {"id": 2, "tokens": [1, 3]}])
+    out = tmp_path / "out.jsonl"
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "--ray", "-j", "1", timeout=600)
+    assert res.returncode == 0, res.stderr.decode()
+    assert [r["id"] for r in sorted(read_results(out), key=lambda r: r["id"])] == [1, 2]
+    assert b"WARNING" not in res.stderr and b"authentication" not in res.stderr, res.stderr.decode()
+    # nor its core's "E core_worker" line about restartable actors: our progress lines only
+    assert all(ln.startswith("batch: ") for ln in res.stderr.decode().splitlines() if ln.strip()), res.stderr.decode()
+
+
+def test_kill_9_of_a_worker_run_leaves_no_resource_tracker_warning(tmp_path):
+    # kill -9 of a -j 2 batch left "resource_tracker: There appear to be N leaked semaphore objects"
+    # (multiprocessing Queues' semaphores); the workers now talk over Pipes, which register nothing
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "tokens": [1, 2]} for i in range(400)])
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(TINY), "--batch", str(inp), "--output", str(out),
+                             "-n", "32", "-c", "64", "-j", "2", "-t", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.kill()
+    err = proc.stderr.read()  # EOF once every process holding our stderr (tracker, workers) is gone
+    proc.wait()
+    assert b"leaked" not in err and b"resource_tracker" not in err, err.decode()
+    results = read_results(out) if out.read_bytes().endswith(b"\n") else []
+    assert all("error" not in r for r in results)

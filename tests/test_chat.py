@@ -488,3 +488,104 @@ def test_endless_stdin_turn_is_bad_input():
     lines = res.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: standard input: a turn longer than"), lines
     assert res.stdout == b""
+
+
+# ------------------------------------------------------------------- bad templates (issue 34)
+
+def _capped(args, timeout=90, input=None):
+    """Run a child Python under a 4 GiB address-space cap (a regression fails the test instead of
+    taking the machine's memory); TimeoutExpired, a failure, when it hangs."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, timeout=timeout,
+                          preexec_fn=cap, input=input)
+
+
+_COMPILE_BOMBS = ["{{ 10 ** 1000000000 }}", "{{ 'a' * 5000000000 }}", "{{ 'a' | center(5000000000) }}",
+                  "{{ 'a\nb' | indent(5000000000) }}", "{{ [1] * 5000000000 }}",
+                  "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"
+                  "{{ ns.x }}"]
+
+
+def test_template_compilation_and_integer_operations_are_capped():
+    # jinja2 folds constant expressions while compiling, which ran outside the caps: 10 ** 1000000000
+    # hung (C code, no signal check), 'a' * 5000000000 took 5 GB. Each is now a one-line error.
+    script = ("import json, time\nfrom synapse_nb import SynapseError\nfrom synapse_nb.chat import ChatTemplate\n"
+              f"for src in {_COMPILE_BOMBS!r}:\n"
+              "    t0 = time.time()\n"
+              "    try:\n        ChatTemplate(src, 'bomb.jinja').render({'messages': []}); out = 'rendered'\n"
+              "    except SynapseError as e:\n        out = str(e)\n"
+              "    print(json.dumps([out, time.time() - t0]), flush=True)\n")
+    res = _capped(["-c", script])
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    outs = [json.loads(line) for line in res.stdout.decode().splitlines()]
+    assert len(outs) == len(_COMPILE_BOMBS)
+    for src, (msg, seconds) in zip(_COMPILE_BOMBS, outs):
+        assert msg.startswith("chat template of bomb.jinja") and seconds < 15, (src, msg, seconds)
+    assert "more than 65536 bits" in outs[0][0] and "MiB of memory" in outs[1][0]
+    # ordinary arithmetic still works
+    assert ChatTemplate("{{ 2 ** 10 }} {{ 3 * 4 }} {{ 'ab' * 2 }} {{ 2 ** -1 }} {{ (2 ** 64) * 3 }}",
+                        "t").render({}) == "1024 12 abab 0.5 55340232221128654848"
+
+
+def _tiny_with_template(tmp_path, template: str) -> Path:
+    """tiny-llama-f32 with `template` as its tokenizer.chat_template (a downloaded model's template)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fuzz_gguf", ROOT / "benchmarks" / "fuzz_gguf.py")
+    fz = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(spec))
+    if not hasattr(fz, "build"):
+        spec.loader.exec_module(fz)
+    from conftest import tiny
+
+    buf = tiny("tiny-llama-f32").read_bytes()
+    lay = fz.parse_layout(buf)
+    kvs = fz.replace_kv(lay, b"tokenizer.chat_template", fz.STRING, fz.enc_str(template))
+    out = tmp_path / "templated.gguf"
+    out.write_bytes(fz.build(lay, buf, kvs=kvs))
+    return out
+
+
+def test_gguf_template_bomb_with_single_turn_is_one_line_exit_2(tmp_path):
+    model = _tiny_with_template(tmp_path, "{{ 10 ** 1000000000 }}")
+    res = _capped(["-m", "cli.main", model, "-st", "-p", "hi", "-n", "1"], timeout=120)
+    assert res.returncode == 2
+    assert "templated.gguf (tokenizer.chat_template)" in one_error_line(res)
+
+
+@pytest.mark.parametrize("source", ["{% if 1 %}" * 3000 + "{% endif %}" * 3000, "{{ " + "[" * 3000 + "]" * 3000 + " }}",
+                                    "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}", "{{ " + "9" * 5000 + " }}"],
+                         ids=["if", "lists", "parentheses", "5000-digit-int"])
+def test_template_parse_failures_are_bad_input(source):
+    # RecursionError (deep nesting) and ValueError (Python's int-string limit) came out of jinja2's parser
+    with pytest.raises(SynapseError, match=r"chat template of deep\.jinja.*(nested too deeply|cannot compile)"):
+        ChatTemplate(source, "deep.jinja").compile()
+
+
+def test_huge_rendering_is_refused_before_tokenizing(tmp_path):
+    # a 65-byte template printing 90 MB was tokenized whole (5.7 GB) before "does not fit"
+    from conftest import tiny
+
+    t = _write(tmp_path / "big.jinja", "{% for i in range(100000) %}{{ 'x' * 900 }}{% endfor %}")
+    res = _capped(["-m", "cli.main", tiny("tiny-llama-f32"), "-st", "-p", "hi", "-n", "1", "-c", "64",
+                   "--chat-template-file", t], timeout=120)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert "renders to more than" in line and "n_ctx = 64" in line
+
+
+def test_single_turn_json_timings_have_the_completion_keys(tmp_path):
+    # -st --json lacked load_ms, compile_ms and n_threads, which the completion JSON has
+    from conftest import tiny
+
+    t = tiny("tiny-llama-f32")
+    tmpl = _write(tmp_path / "t.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    res = run(t, "-st", "-p", "hi", "-n", "2", "-t", "1", "--json", "--chat-template-file", tmpl, "-c", "64")
+    assert res.returncode == 0, res.stderr.decode()
+    turn = json.loads(res.stdout)
+    done = json.loads(run(t, "-p", "hi", "-n", "2", "-t", "1", "--json", "-c", "64").stdout)
+    assert list(turn["timings"]) == list(done["timings"])
+    assert turn["timings"]["n_threads"] == 1

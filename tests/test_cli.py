@@ -132,7 +132,8 @@ def test_huge_context_is_bad_input(ctx):
     # was "internal error: MemoryError" / "ValueError: Maximum allowed dimension exceeded", exit 1
     res = run(TINY / "tiny-llama-q8_0.gguf", "hi", "-c", ctx, "-n", "1")
     assert res.returncode == 2
-    assert "KV cache" in one_error_line(res)
+    line = one_error_line(res)
+    assert "KV cache" in line or "-c/--ctx-size: must be <= 2147483647" in line  # -c is int32, as llama.cpp's
 
 
 def test_error_message_with_control_characters_is_one_line(tmp_path):
@@ -206,7 +207,8 @@ def test_sigterm_removes_the_partial_kld_file(tmp_path):
     for line in proc.stderr:  # the first chunk is done: the temporary file is being written
         if b"seconds per pass" in line:
             break
-    assert any(p.name.startswith("base.kld.tmp") for p in tmp_path.iterdir())
+    # written unnamed (O_TMPFILE), or under its temporary name where the file system has no O_TMPFILE
+    assert all(p.name.startswith("base.kld.tmp") for p in tmp_path.iterdir())
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read()
     proc.wait(timeout=120)
@@ -396,3 +398,115 @@ def test_compile_notice_shown_when_compiling(tmp_path):
     assert res.returncode == 0, res.stderr
     assert b"compiling kernels, first run only...\n" in res.stderr
     assert b"compiling kernels, first run only: done in" in res.stderr
+
+
+def _capped(*args, timeout=120, stdin=None):
+    """The CLI under a 3 GiB address-space cap (a regression fails with MemoryError, exit 1, instead of
+    taking the shared machine's memory)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, timeout=timeout,
+                          cwd=ROOT, preexec_fn=cap, stdin=stdin)
+
+
+@pytest.mark.parametrize("mode", [[], ["-cnv"], ["-st"]])
+def test_ctx_size_is_checked_before_the_prompt_is_read(mode, tmp_path):
+    # the prompt's read bound came from -c before -c was checked: -f /dev/zero -c 80000000 read 5 GB,
+    # -f FILE -c 2000000000 was "internal error: MemoryError"
+    small = tmp_path / "p.txt"
+    small.write_text("hi")
+    for args in (["-f", "/dev/zero", "-c", "80000000"], ["-f", small, "-c", "2000000000"]):
+        res = _capped(TINY / "tiny-llama-q8_0.gguf", *mode, *args, "-n", "1")
+        assert res.returncode == 2, res.stderr.decode()[-500:]
+        assert "the KV cache would need" in one_error_line(res)
+
+
+@pytest.mark.parametrize("flag", ["-n", "-c", "-b", "-t", "--chunks", "--top-k", "--repeat-last-n", "--min-keep",
+                                  "-s"])
+@pytest.mark.parametrize("value", ["99999999999999999999", "9" * 5000])
+def test_every_integer_option_has_a_range(flag, value):
+    # --min-keep 99999999999999999999 reached a Numba kernel (internal error); every integer option is
+    # now range-checked where it is parsed: one line naming it, exit 2
+    res = run(TINY / "tiny-llama-q8_0.gguf", "hi", flag, value, "-n" if flag != "-n" else "-c", "1" if flag != "-n"
+              else "64", "-t" if flag != "-t" else "-b", "1")
+    assert res.returncode == 2, res.stderr.decode()[-300:]
+    assert flag in one_error_line(res)
+
+
+def test_token_list_with_a_huge_item_is_bad_input():
+    # a 5000-digit item was "internal error: ValueError" (Python's int-string limit)
+    for item in ["9" * 5000, "99999999999999999999"]:
+        res = run(TINY / "tiny-llama-q8_0.gguf", "--tokens", f"1,{item}", "--tokenize")
+        assert res.returncode == 2
+        line = one_error_line(res)
+        assert "--tokens" in line and "outside the vocabulary" in line and len(line) < 400
+
+
+@pytest.mark.parametrize("what", ["npy", "kld"])
+def test_sigkill_while_writing_leaves_no_temporary_file(tmp_path, what):
+    # SIGKILL during --logits-out / --kl-divergence-base left X.npy.tmpPID.npy / X.kld.tmpPID (up to 117 MB):
+    # a child writes part of each the way the CLI does, then is killed in the middle
+    script = {
+        "npy": "import os, signal, numpy as np\nfrom cli import main\n"
+               "def save(f, a):\n    f.write(b'x' * 100000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+               "np.save = save\nmain._save_npy(DEST, np.zeros((4, 4), np.float32))\n",
+        "kld": "import os, signal\nfrom synapse_nb.perplexity import _NewFile\n"
+               "w = _NewFile(DEST); w.write(b'x' * 100000); w._file.f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n",
+    }[what].replace("DEST", repr(str(tmp_path / f"x.{what}")))
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120)
+    assert res.returncode == -signal.SIGKILL, res.stderr.decode()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_temporary_files_of_dead_runs_are_removed(tmp_path):
+    # where O_TMPFILE is missing, the named temporaries of killed runs are removed by the next run
+    from synapse_nb.inputs import remove_stale_temps
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = [tmp_path / f"x.npy.tmp{dead}.npy", tmp_path / f"x.kld.tmp{dead}"]
+    alive = tmp_path / f"x.npy.tmp{os.getppid()}.npy"
+    for p in stale + [alive, tmp_path / "x.npy.tmpnotapid"]:
+        p.write_bytes(b"partial")
+    assert sorted(remove_stale_temps(tmp_path / "x.npy") + remove_stale_temps(tmp_path / "x.kld")) == \
+        sorted(map(str, stale))
+    assert alive.exists() and (tmp_path / "x.npy.tmpnotapid").exists()
+
+
+def test_llama_completion_common_flags():
+    # -no-cnv was read as -n o-cnv, -fa off as a second prompt, -ub 64 as "No such option '-u'"
+    m = TINY / "tiny-llama-q8_0.gguf"
+    base = ["-p", "hi", "-n", "2", "-t", "1"]
+    for extra in (["-no-cnv"], ["-cnv", "-no-cnv"], ["-fa", "off"], ["--flash-attn", "auto"], ["-ub", "64"],
+                  ["--ubatch-size", "8"], ["--color"], ["--no-display-prompt"], ["--no-conversation"]):
+        res = run(m, *base, *extra)
+        assert res.returncode == 0, (extra, res.stderr.decode())
+    assert b"warning: -ub/--ubatch-size is ignored" in run(m, *base, "-ub", "64").stderr
+    for extra, name in ((["-fa", "on"], "-fa/--flash-attn on"), (["-i"], "-i/--interactive"),
+                        (["-ub", "0"], "-ub/--ubatch-size")):
+        res = run(m, *base, *extra)
+        assert res.returncode == 2 and name in one_error_line(res), extra
+    shown = run(m, "-p", "hello", "-n", "2", "-t", "1", "--display-prompt", "--json").stdout
+    plain = run(m, "-p", "hello", "-n", "2", "-t", "1").stdout
+    assert run(m, "-p", "hello", "-n", "2", "-t", "1", "--display-prompt").stdout == b" hello" + plain
+    assert json.loads(shown)["prompt_tokens"]  # --json output is unchanged by --display-prompt
+
+
+def test_prompt_escapes_are_processed_as_llama_cpp_does():
+    # llama.cpp's -e/--escape is on by default: \n, \t, \\, \', \" in -p are the characters
+    from cli.main import process_escapes
+
+    assert process_escapes(r"a\nb\tc\\d\'e\"f\x41\q" + "\\") == "a\nb\tc\\d'e\"fA\\q\\"
+    m = TINY / "tiny-llama-q8_0.gguf"
+
+    def ids(*args):
+        res = run(m, *args, "--tokenize")
+        assert res.returncode == 0, res.stderr.decode()
+        return json.loads(res.stdout)
+
+    assert ids("-p", r"a\nb") == ids("-p", "a\nb") == ids("-e", "-p", r"a\nb") == ids("--escape", "-p", r"a\nb")
+    assert ids("--no-escape", "-p", r"a\nb") != ids("-p", "a\nb")
+    assert ids(r"a\nb") == ids("--no-escape", "-p", r"a\nb")  # the PROMPT argument is taken as written

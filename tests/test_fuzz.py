@@ -368,3 +368,16 @@ def test_json_schema_fuzz_only_ok_or_clean():
             assert "\n" not in str(e)
             outcomes["refused"] += 1
     assert outcomes["ok"] > 20 and outcomes["refused"] > 20, outcomes
+
+
+# ------------------------------------------------------------------ templates, batch lines, flags (issue 34)
+
+@pytest.mark.parametrize("kind,n", [("template", 30), ("batch", 60), ("flags", 150)])
+def test_input_fuzzer_subset_is_clean(kind, n):
+    """A fixed subset of benchmarks/fuzz_inputs.py (seed 1): every chat template, batch line and flag
+    set renders / decodes / runs, or is a one-line error; no exception, signal, hang or memory error."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_inputs.py"), "--kind", kind, "--n", str(n),
+                          "--seed", "1", "--timeout", "30", "--soft-timeout", "20"], capture_output=True, timeout=900,
+                         cwd=ROOT)
+    summary = json.loads(res.stdout)
+    assert summary["flagged"] == [] and summary["counts"]["ok"] + summary["counts"]["clean"] == n, summary

@@ -484,3 +484,45 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     assert res.returncode == 2 and "log-probabilities" in one_error_line(res)
     res = run(TINY_MODEL, "--kl-divergence", "-f", text)
     assert res.returncode == 2 and "--kl-divergence-base" in one_error_line(res)
+
+
+def _capped_run(*args, timeout=120):
+    """The CLI under a 3 GiB address-space cap: a regression reading or allocating gigabytes fails
+    the test (MemoryError, exit 1) instead of taking the shared machine's memory."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True,
+                          timeout=timeout, cwd=HERE.parent, preexec_fn=cap)
+
+
+def test_kld_header_workload_is_checked_against_the_model(tmp_path):
+    # a sparse 2 GB base whose header says n_ctx 4194304 ran for minutes before anything happened
+    from synapse_nb.model import load_model
+
+    n_vocab = load_model(TINY_MODEL).hparams.n_vocab
+    n_ctx, n_chunk = 4194304, 1
+    from synapse_nb.perplexity import kld_file_size
+
+    path = tmp_path / "sparse.kld"
+    with open(path, "wb") as f:
+        f.write(b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, n_chunk))
+        f.truncate(kld_file_size(n_ctx, n_vocab, n_chunk))
+    res = _capped_run(TINY_MODEL, "--kl-divergence", "--kl-divergence-base", path, timeout=60)
+    assert res.returncode == 2 and res.stdout == b""
+    assert "n_ctx 4194304, more than the model's training context" in one_error_line(res)
+
+
+def test_huge_context_and_unwritable_base_are_one_line(tmp_path):
+    # each printed a warning or progress line before its error
+    text = tmp_path / "t.txt"
+    text.write_text(_tiny_text(4000), encoding="utf-8")
+    for c in ("99999999999999999999", "2000000000"):
+        res = _capped_run(TINY_MODEL, "--perplexity", "-f", text, "-c", c)
+        assert res.returncode == 2
+        line = one_error_line(res)
+        assert "KV cache" in line or "must be <= 2147483647" in line
+    res = _capped_run(TINY_MODEL, "--perplexity", "-f", text, "-c", 64, "--kl-divergence-base", "/proc/x.kld")
+    assert res.returncode == 2 and "/proc/x.kld" in one_error_line(res)

@@ -468,3 +468,45 @@ def test_end_to_end_matches_literal_ports():
     for text in texts[:30]:
         want = [1] + _ref_spm(s.vocab, (" " + text).replace(" ", "\u2581"))
         assert s.tokenize(text, add_special=True, parse_special=False) == want, repr(text)
+
+
+def _spm_with_long_token(tmp_path, n_chars: int):
+    """tiny-llama's SentencePiece model with token 300 replaced by '▁' + 'ab' * (n_chars / 2)."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fuzz_gguf", root / "benchmarks" / "fuzz_gguf.py")
+    fz = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(spec))
+    if not hasattr(fz, "build"):
+        spec.loader.exec_module(fz)
+    buf = (root / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf").read_bytes()
+    lay = fz.parse_layout(buf)
+    toks = fz._array_strings(lay.kv("tokenizer.ggml.tokens"))
+    toks[300] = "\u2581".encode() + b"ab" * (n_chars // 2)
+    kvs = fz.replace_kv(lay, b"tokenizer.ggml.tokens", fz.ARRAY, fz.enc_array(fz.STRING, toks))
+    out = tmp_path / f"long-token-{n_chars}.gguf"
+    out.write_bytes(fz.build(lay, buf, kvs=kvs))
+    return out
+
+
+def test_one_very_long_token_does_not_hang_the_spm_table(tmp_path):
+    # building the SPM pair table sliced every token at every position: 256 KiB took 8 s, 8 MiB never ended.
+    # Now a token is split only where both parts have lengths some token has; and a long token raises
+    # the prompt read bound only up to inputs.PROMPT_BYTES_MAX (-f /dev/zero read 4 GB before refusing)
+    import subprocess
+    import sys
+
+    model = _spm_with_long_token(tmp_path, 8 << 20)
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "cli.main", str(model), "hello abab", "--tokenize"], cwd=root,
+                         capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr.decode()[-500:]
+    tok = load_tokenizer(_spm_with_long_token(tmp_path, 256))
+    ref = load_tokenizer(root / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf")
+    text = "hello world, abab abababab " * 3
+    assert tok.tokenize(text, True, False) == ref.tokenize(text, True, False)  # token 300 never merges
+    from synapse_nb.inputs import PROMPT_BYTES_MAX, prompt_byte_limit
+
+    assert prompt_byte_limit(load_tokenizer(model), 4096) == PROMPT_BYTES_MAX
+    assert prompt_byte_limit(ref, 4096) == 4096 * 64

@@ -49,8 +49,21 @@ class SPM:
 
         left, right, prio, result = [], [], [], []
         neg_scores = (-vocab.scores.astype(np.float64)).tolist()
+        # A part is a token or one character, so a split point k of token t is only worth looking up
+        # when k and len(t) - k are both lengths some token has (or 1): the distinct token lengths,
+        # a few dozen in real vocabularies. Trying every k sliced a token at each of its positions,
+        # quadratic in its length (one 8 MiB token in a downloaded vocabulary never finished).
+        lengths = sorted({len(t) for t in vocab.tokens} | {1})
+        length_set = set(lengths)
         for tid, t in enumerate(vocab.tokens):
-            for k in range(1, len(t)):
+            n_t = len(t)
+            if n_t <= 64:
+                splits = range(1, n_t)
+            else:
+                splits = sorted({k for ln in lengths if ln < n_t for k in (ln, n_t - ln)})
+            for k in splits:
+                if n_t > 64 and (k not in length_set or n_t - k not in length_set):
+                    continue
                 a = part_id(t[:k])
                 if a < 0:
                     continue
