@@ -580,7 +580,7 @@ def test_local_ray_run_prints_only_our_progress(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]'); CI installs it")
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "tokens": [1, 2]}, {"id": 2, "tokens": [1, 3]}])
     out = tmp_path / "out.jsonl"
-    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "--ray", "-j", "1", timeout=600)
+    res = cli(TINY, "--batch", inp, "--output", out, "-n", "2", "-c", "64", "--ray", "--workers", "1", timeout=600)
     assert res.returncode == 0, res.stderr.decode()
     assert [r["id"] for r in sorted(read_results(out), key=lambda r: r["id"])] == [1, 2]
     assert b"WARNING" not in res.stderr and b"authentication" not in res.stderr, res.stderr.decode()
@@ -589,12 +589,12 @@ def test_local_ray_run_prints_only_our_progress(tmp_path):
 
 
 def test_kill_9_of_a_worker_run_leaves_no_resource_tracker_warning(tmp_path):
-    # kill -9 of a -j 2 batch left "resource_tracker: There appear to be N leaked semaphore objects"
+    # kill -9 of a --workers 2 batch left "resource_tracker: There appear to be N leaked semaphore objects"
     # (multiprocessing Queues' semaphores); the workers now talk over Pipes, which register nothing
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "tokens": [1, 2]} for i in range(400)])
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(TINY), "--batch", str(inp), "--output", str(out),
-                             "-n", "32", "-c", "64", "-j", "2", "-t", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             "-n", "32", "-c", "64", "--workers", "2", "-t", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or out.stat().st_size == 0):

@@ -67,7 +67,10 @@ def grammar_from_options(grammar=None, grammar_file=None, json_schema=None, json
         try:
             value = json_schema_to_grammar(value)
         except SynapseError as e:
-            raise SynapseError(f"{flag}: {e}") from None
+            hint = ""
+            if flag == "-j/--json-schema" and value.strip().isdigit():
+                hint = " (-j is llama.cpp's --json-schema; worker processes are --workers N)"
+            raise SynapseError(f"{flag}: {e}{hint}") from None
     if not isinstance(value, str):
         raise SynapseError(f"{flag}: expected text, got {type(value).__name__}")
     return value or None
