@@ -24,11 +24,13 @@ one running the engine's loop).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 
+from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .session import DEFAULT_N_BATCH, ForwardState, KVCache, _configure_threads, _lazy_zeros, resolve_n_ctx, \
     usable_threads
@@ -109,6 +111,7 @@ class ParallelSession:
             raise SynapseError(f"cannot allocate the KV cache of {self.n_seq} x {self.n_ctx} positions "
                                f"({need / 2**30:.1f} GiB): {e}") from None
         self.state = ForwardState(hp, self.n_batch, self.n_ctx)
+        self._decode_threads = DecodeThreads(self.n_threads) if self.n_threads and self.n_threads > 1 else None
         self._slot_seq: list[Sequence | None] = [None] * self.n_seq
         self._slot_tokens: list[list] = [[] for _ in range(self.n_seq)]  # what each slot's cache holds
         self._waiting: list[Sequence] = []  # added, not yet given a slot
@@ -248,9 +251,19 @@ class ParallelSession:
                 out_rows.append(r + n - 1)
                 outs.append(seq)
             r += n
-        if self.n_threads is not None:
+        step = None
+        if rows == 1 and self.n_threads is not None and self.n_threads > 1:
+            # one sequence's decode step: on fewer threads while that is faster, as Session does
+            # (decode_threads; the bits do not depend on it)
+            step = self._decode_threads
+            threads = step.threads()
+            numba.set_num_threads(threads)
+            t0 = time.perf_counter()
+        elif self.n_threads is not None:
             numba.set_num_threads(self.n_threads)
         logits = self.model.forward_segments(self.state, self._k, self._v, tokens, segments, out_rows)
+        if step is not None:
+            step.record(threads, time.perf_counter() - t0)
         for seq, n in batch:
             self._slot_tokens[seq.slot].extend(seq._pending[:n])
             del seq._pending[:n]
