@@ -241,8 +241,9 @@ class Model:
         out_rows = np.asarray(out_rows, np.int64)
         # one sequence whose last row alone is wanted: its last layer goes on with that row (as forward)
         last_row = len(segments) == 1 and n > 1 and out_rows.tolist() == [n - 1]
-        rk = tabs.rows(st.attn_ws, n, int(segs[0, _graph.SEG_POS]), last_row, hp)
-        x = self._run_layers(st, k_slots, v_slots, tokens, pos, segs, tabs.matmuls(n > 1, last_row), rk,
+        # a few rows: row kernels and conversions on this thread (ops.SERIAL_ROWS; the same bits)
+        rk = tabs.rows(st.attn_ws, n, int(segs[0, _graph.SEG_POS]), last_row, hp, _ops.SERIAL_ROWS)
+        x = self._run_layers(st, k_slots, v_slots, tokens, pos, segs, tabs.matmuls(n > 1, last_row, n), rk,
                              len(out_rows) > 0, not last_row)
         if len(out_rows) == 0:
             return np.empty((0, hp.n_vocab), np.float32)

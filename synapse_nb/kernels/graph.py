@@ -305,11 +305,14 @@ class Tables:
             f = self._fns[dispatcher] = native_fn(dispatcher, *SIGNATURES[kind])
         return f.addr
 
-    def matmuls(self, multi, last_row):
+    def matmuls(self, multi, last_row, n=None):
         """int64 [n_layer, 7, ENTRY_FIELDS]: the matmul entries for a batch of several rows
         (multi) or one, with the one-row kernels filled in when last_row (a batch whose last layer
-        continues with its last row; zero otherwise, and never read)."""
-        key = (bool(multi), bool(last_row) and bool(multi))
+        continues with its last row; zero otherwise, and never read). n: the batch's rows; up to
+        ops.SERIAL_ROWS, several rows are converted on the calling thread (the same bytes; a
+        ParallelSession step passes it, a Session's forward does not)."""
+        small = bool(multi) and n is not None and n <= _ops.SERIAL_ROWS
+        key = (bool(multi), bool(last_row) and bool(multi), small)
         t = self._mt.get(key)
         if t is None:
             t = np.zeros((len(self._layers), len(MATMULS), ENTRY_FIELDS), np.int64)
@@ -321,6 +324,8 @@ class Tables:
                     src = next(i for i in group if i <= j and ws[i].shares_activation(w))
                     t[il, j, :NSC + 1] = (w.rows.ctypes.data, w.m, w.rows.shape[1], w.act_row_bytes, src, w.n_scratch)
                     mm, cv = w.drivers(2 if multi else 1)
+                    if small:
+                        cv = w.drivers(1)[1]  # the serial converter (same bytes per row)
                     t[il, j, MM_N] = self._fn(mm, "matmul" if multi else "matvec")
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
@@ -336,14 +341,14 @@ class Tables:
             self._mt[key] = t
         return t
 
-    def rows(self, ws, n, n_past, last_row, hp):
+    def rows(self, ws, n, n_past, last_row, hp, serial_upto=1):
         """int64 [2, ROW_KERNELS]: the row kernels for n rows at positions n_past.. (and for the
         last row of the last layer when last_row and n > 1; zero otherwise, and never read), the
         attention kernel as attention_rows chooses it."""
         t = np.zeros((2, ROW_KERNELS), np.int64)
         variants = [(n, n_past)] + ([(1, n_past + n - 1)] if last_row and n > 1 else [])
         for r, (m, pos) in enumerate(variants):
-            rows = _ops.row_kernels(m)
+            rows = _ops.row_kernels(m, serial_upto)
             if r == 0:  # the last row goes on after RoPE and the K/V store
                 t[r, ROPE] = self._fn(rows.rope, "rope")
                 t[r, STORE] = self._fn(_attn._store_kv, "store_kv")

@@ -388,7 +388,15 @@ _ROW_KERNELS = (RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser, _geglu_ser),
                 RowKernels(_rms_norm_par, _rope_par, _swiglu_par, _geglu_par))
 
 
-def row_kernels(n):
-    """The RowKernels for n rows: over the rows on all threads when n > 1; one row runs on the
-    calling thread (a parallel region would only pay the threads' launch)."""
-    return _ROW_KERNELS[n > 1]
+# Rows up to which a ParallelSession step runs the row kernels (and activation conversions,
+# kernels.graph) on the calling thread: a parallel region's launch and wake-up cost more than a few
+# rows' work (a 4-sequence decode step of SmolLM2 spent most of its time in ~15 such launches per
+# layer). The serial and parallel kernels compute each row alike: the bits are the same either way.
+SERIAL_ROWS = 8
+
+
+def row_kernels(n, serial_upto=1):
+    """The RowKernels for n rows: over the rows on all threads when n > serial_upto; fewer run on
+    the calling thread (a parallel region would only pay the threads' launch). ParallelSession's
+    steps pass SERIAL_ROWS; a Session's forward keeps 1 (the kernels its warm-up compiles)."""
+    return _ROW_KERNELS[n > serial_upto]
