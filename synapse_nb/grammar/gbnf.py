@@ -93,6 +93,13 @@ class GbnfParser:
             raise _Fail(f"expecting {size} hex chars", pos)
         return value, p
 
+    def _char_in(self, pos: int):
+        """_char inside a literal or a class, whose closer has not come yet: the end of the
+        source there is parse_sequence's "unexpected end of input"."""
+        if not self.src[pos]:
+            raise _Fail("unexpected end of input", pos)
+        return self._char(pos)
+
     def _char(self, pos: int):
         s = self.src
         c = s[pos]
@@ -225,9 +232,7 @@ class GbnfParser:
                 last_sym_start = len(rule)
                 n_prev_rules = 1
                 while s[pos] != 34:
-                    if not s[pos]:
-                        raise _Fail("unexpected end of input", pos)
-                    ch, pos = self._char(pos)
+                    ch, pos = self._char_in(pos)
                     rule.append((CHAR, ch))
                 pos = self._space(pos + 1, nested)
             elif c == 91:  # '[' class
@@ -239,9 +244,7 @@ class GbnfParser:
                 last_sym_start = len(rule)
                 n_prev_rules = 1
                 while s[pos] != 93:
-                    if not s[pos]:
-                        raise _Fail("unexpected end of input", pos)
-                    ch, pos = self._char(pos)
+                    ch, pos = self._char_in(pos)
                     rule.append((CHAR_ALT if last_sym_start < len(rule) else start_type, ch))
                     if s[pos] == 45 and s[pos + 1] != 93:  # '-' not before ']'
                         if not s[pos + 1]:

@@ -116,18 +116,10 @@ class Grammar:
         self._vocab_cls = weakref.WeakKeyDictionary()
         # initial stacks (llama_grammar_init_impl): one per alternative of the root rule
         stacks: list = []
-        pos = start[self.root_id]
-        while True:
-            st = () if self._eos(pos) else (pos,)
-            for s in self.advance(st):
+        for pos in self._alternatives(start[self.root_id]):
+            for s in self.advance(() if self._eos(pos) else (pos,)):
                 if s not in stacks:
                     stacks.append(s)
-            while not self._eos(pos):
-                pos += 1
-            if T[pos] == ALT:
-                pos += 1
-            else:
-                break
         self.initial_stacks = tuple(stacks)
 
     def __repr__(self) -> str:
@@ -137,6 +129,16 @@ class Grammar:
     def _eos(self, pos: int) -> bool:
         t = self._T[pos]
         return t == END or t == ALT
+
+    def _alternatives(self, pos: int):
+        """The first element of each alternative of the rule whose elements start at pos."""
+        while True:
+            yield pos
+            while not self._eos(pos):
+                pos += 1
+            if self._T[pos] != ALT:
+                return
+            pos += 1
 
     def advance(self, stack: tuple) -> tuple:
         """llama_grammar_advance_stack: the stacks ``stack`` expands to, each topped by a
@@ -160,16 +162,9 @@ class Grammar:
             pos = cur[-1]
             typ = T[pos]
             if typ == RULE_REF:
-                sub = start[V[pos]]
                 base = cur[:-1] if self._eos(pos + 1) else cur[:-1] + (pos + 1,)
-                while True:
+                for sub in self._alternatives(start[V[pos]]):
                     todo.append(base if self._eos(sub) else base + (sub,))
-                    while not self._eos(sub):
-                        sub += 1
-                    if T[sub] == ALT:
-                        sub += 1
-                    else:
-                        break
             elif typ in (CHAR, CHAR_NOT, CHAR_ANY, TOKEN, TOKEN_NOT):
                 if cur not in out:
                     out.append(cur)
@@ -246,6 +241,25 @@ class Grammar:
                 self._trans = grown
         return sid
 
+    def step_char(self, stacks, c: int) -> list:
+        """The stacks after code point c from each of stacks (llama_grammar_advance_stack after
+        llama_grammar_match_char, as llama_grammar_accept does per character): a list without
+        repeats, in first-seen order; stacks that are empty or at a token element drop out."""
+        T = self._T
+        out: list = []
+        for st in stacks:
+            if not st:
+                continue
+            pos = st[-1]
+            if T[pos] == TOKEN or T[pos] == TOKEN_NOT:
+                continue
+            ok, after = self.match_char(pos, c)
+            if ok:
+                for s in self.advance(self._after(st, after)):
+                    if s not in out:
+                        out.append(s)
+        return out
+
     def _rep(self, cls: int) -> int:
         return 0 if cls == 0 else int(self._bounds[cls - 1])
 
@@ -257,19 +271,7 @@ class Grammar:
         t = int(self._trans[sid, cls])
         if t != -2:
             return t
-        c = self._rep(cls)
-        T = self._T
-        new = []
-        for st in self._states[sid]:
-            if not st:
-                continue
-            pos = st[-1]
-            if T[pos] == TOKEN or T[pos] == TOKEN_NOT:
-                continue
-            ok, after = self.match_char(pos, c)
-            if ok:
-                new.extend(self.advance(self._after(st, after)))
-        t = self.state_id(new)
+        t = self.state_id(self.step_char(self._states[sid], self._rep(cls)))
         self._trans[sid, cls] = t
         return t
 
@@ -496,19 +498,7 @@ class GrammarMatcher:
                 continue
             cur = [st]
             for c in cps:
-                nxt: list = []
-                for cs in cur:
-                    if not cs:
-                        continue
-                    p = cs[-1]
-                    if T[p] == TOKEN or T[p] == TOKEN_NOT:
-                        continue
-                    ok, after = g.match_char(p, c)
-                    if ok:
-                        for s in g.advance(g._after(cs, after)):
-                            if s not in nxt:
-                                nxt.append(s)
-                cur = nxt
+                cur = g.step_char(cur, c)
                 if not cur:
                     break
             for s in cur:

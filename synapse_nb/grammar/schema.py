@@ -298,6 +298,21 @@ class _Converter:
         def to_rule(ls):
             return '"' + ls[0] + '"' if ls[1] else ls[0]
 
+        def bracketed(close, escapes, unbalanced):
+            # sub[pos[0]] opens a [...] or {...}: its text through `close`, pos[0] moved past it
+            # (a backslash escapes the next character in a class); the C++ appends the closer even
+            # when the pattern ends first, after recording the error
+            text = sub[pos[0]]
+            pos[0] += 1
+            while pos[0] < n and sub[pos[0]] != close:
+                step = 2 if escapes and sub[pos[0]] == "\\" else 1
+                text += sub[pos[0]:pos[0] + step]
+                pos[0] += step
+            if pos[0] >= n:
+                self._errors.append(unbalanced)
+            pos[0] += 1
+            return text + close
+
         def transform():
             start = pos[0]
             seq: list = []
@@ -349,20 +364,7 @@ class _Converter:
                         self._errors.append("Unbalanced parentheses")
                     return join_seq()
                 elif c == "[":
-                    sq = c
-                    pos[0] += 1
-                    while pos[0] < n and sub[pos[0]] != "]":
-                        if sub[pos[0]] == "\\":
-                            sq += sub[pos[0]:pos[0] + 2]
-                            pos[0] += 2
-                        else:
-                            sq += sub[pos[0]]
-                            pos[0] += 1
-                    if pos[0] >= n:
-                        self._errors.append("Unbalanced square brackets")
-                    sq += "]"
-                    pos[0] += 1
-                    seq.append((sq, False))
+                    seq.append((bracketed("]", True, "Unbalanced square brackets"), False))
                 elif c == "|":
                     seq.append(("|", False))
                     pos[0] += 1
@@ -372,15 +374,7 @@ class _Converter:
                     seq[-1] = (to_rule(seq[-1]) + c, False)
                     pos[0] += 1
                 elif c == "{":
-                    curly = c
-                    pos[0] += 1
-                    while pos[0] < n and sub[pos[0]] != "}":
-                        curly += sub[pos[0]]
-                        pos[0] += 1
-                    if pos[0] >= n:
-                        self._errors.append("Unbalanced curly brackets")
-                    curly += "}"
-                    pos[0] += 1
+                    curly = bracketed("}", False, "Unbalanced curly brackets")
                     nums = curly[1:-1].split(",")
                     min_times, max_times = 0, _INT_MAX
                     try:

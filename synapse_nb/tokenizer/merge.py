@@ -88,6 +88,20 @@ def _find(keys, n_ids, a, b):
 
 
 @njit(cache=True, inline="always")
+def _move_up(hk, hs, src, hole):
+    # the entry at src fills the hole; src is the new hole
+    hk[hole] = hk[src]
+    hs[hole] = hs[src]
+    return src
+
+
+@njit(cache=True, inline="always")
+def _place(hk, hs, i, key, slot):
+    hk[i] = key
+    hs[i] = slot
+
+
+@njit(cache=True, inline="always")
 def _push(hk, hs, hn, key, slot):
     # binary min-heap on key = rank << 32 | left index (lower rank, then leftmost first)
     hole = hn
@@ -95,11 +109,8 @@ def _push(hk, hs, hn, key, slot):
         p = (hole - 1) >> 1
         if hk[p] <= key:
             break
-        hk[hole] = hk[p]
-        hs[hole] = hs[p]
-        hole = p
-    hk[hole] = key
-    hs[hole] = slot
+        hole = _move_up(hk, hs, p, hole)
+    _place(hk, hs, hole, key, slot)
     return hn + 1
 
 
@@ -119,11 +130,8 @@ def _pop(hk, hs, hn):
                 c += 1
             if hk[c] >= key:
                 break
-            hk[hole] = hk[c]
-            hs[hole] = hs[c]
-            hole = c
-        hk[hole] = key
-        hs[hole] = slot
+            hole = _move_up(hk, hs, c, hole)
+        _place(hk, hs, hole, key, slot)
     return hn
 
 
@@ -211,6 +219,16 @@ def _fnv(buf, a0, a1, h):
     return h
 
 
+@njit(cache=True, inline="always")
+def _bytes_at(tok_buf, j, buf, i0, i1):
+    # buf[i0:i1] == tok_buf[j:j + i1 - i0]
+    for i in range(i0, i1):
+        if tok_buf[j] != buf[i]:
+            return False
+        j += 1
+    return True
+
+
 @njit(cache=True)
 def _string_ids(tok_buf, tok_off, buf, off, sep):
     """Token ids of byte strings, by hashing: for string k = buf[off[k]:off[k+1]]:
@@ -260,23 +278,10 @@ def _string_ids(tok_buf, tok_off, buf, off, sep):
                 if t < 0:
                     break
                 t0 = tok_off[t]
-                if tok_off[t + 1] - t0 == ln:
-                    same = True
-                    j = t0
-                    for i in range(x0, x1):
-                        if tok_buf[j] != buf[i]:
-                            same = False
-                            break
-                        j += 1
-                    if same:
-                        for i in range(y0, y1):
-                            if tok_buf[j] != buf[i]:
-                                same = False
-                                break
-                            j += 1
-                    if same:
-                        res[k, c] = t
-                        break
+                if (tok_off[t + 1] - t0 == ln and _bytes_at(tok_buf, t0, buf, x0, x1)
+                        and _bytes_at(tok_buf, t0 + (x1 - x0), buf, y0, y1)):
+                    res[k, c] = t
+                    break
                 h = (h + 1) & mask
     return res
 
