@@ -38,17 +38,35 @@ def cases(name: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("name", VOCABS)
-def test_llama_cpp_cases(name):
-    t = tok(name)
-    cs = cases(name)
-    assert len(cs) > 100
+def _differences(t, cs) -> list:
+    """The cases whose ids (tokenize) or text (detokenize of llama.cpp's ids) differ from llama.cpp's."""
     bad = []
     for c in cs:
         ids = t.tokenize(c["text"], c["add_special"], c["parse_special"])
         det = t.detokenize(c["ids"], special=True)
         if ids != c["ids"] or det != c["detok"]:
             bad.append((c["text"][:60], c["add_special"], c["parse_special"], ids[:20], c["ids"][:20]))
+    return bad
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_llama_cpp_cases(name):
+    t = tok(name)
+    cs = cases(name)
+    assert len(cs) > 100
+    bad = _differences(t, cs)
+    assert not bad, f"{len(bad)}/{len(cs)} cases differ: {bad[:5]}"
+
+
+@pytest.mark.parametrize("name", ["gemma3"])
+def test_llama_cpp_random_strings(name):
+    """Random strings (tests/data/tokenizer/make_random.py: scripts, emoji, whitespace runs, special-token
+    texts, runs of vocabulary pieces), tokenized and detokenized by llama.cpp's own llama_tokenize /
+    llama_detokenize, with every (add_special, parse_special) pair."""
+    t = tok(name)
+    cs = cases(f"{name}-random")
+    assert len(cs) >= 1600 and len({c["text"] for c in cs}) >= 350
+    bad = _differences(t, cs)
     assert not bad, f"{len(bad)}/{len(cs)} cases differ: {bad[:5]}"
 
 
