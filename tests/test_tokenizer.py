@@ -58,7 +58,7 @@ def test_llama_cpp_cases(name):
     assert not bad, f"{len(bad)}/{len(cs)} cases differ: {bad[:5]}"
 
 
-@pytest.mark.parametrize("name", ["gemma3"])
+@pytest.mark.parametrize("name", VOCABS)
 def test_llama_cpp_random_strings(name):
     """Random strings (tests/data/tokenizer/make_random.py: scripts, emoji, whitespace runs, special-token
     texts, runs of vocabulary pieces), tokenized and detokenized by llama.cpp's own llama_tokenize /

@@ -6,8 +6,8 @@
 Runs llama.cpp itself (llama-cpp-python 0.3.36's bindings over the libllama that
 ../shared/tools/build-llama-cpp.sh builds) on tests/data/vocab/ggml-vocab-NAME.gguf, loaded vocab-only.
 Each random string is tokenized with every (add_special, parse_special) pair by
-llama_tokenize, and detokenized by llama_detokenize(remove_special=false, unparse_special=true);
-the lines have the format of the shared fixtures (text, add_special, parse_special, ids, detok), so
+llama_tokenize; detok is the concatenation of llama_token_to_piece(id, lstrip=0, special=true)
+over those ids, decoded as UTF-8 with invalid bytes replaced, as in ../shared's fixtures; the lines have the format of the shared fixtures (text, add_special, parse_special, ids, detok), so
 tests/test_tokenizer.py reads them the same way. Not run by the tests: they read its output.
 
 The strings are pieces drawn from pools meant to reach the tokenizer's corners: ASCII words and
@@ -69,6 +69,18 @@ def _pieces(model, llama_cpp, rng, k):
     return out
 
 
+def _piece(vocab, token, llama_cpp) -> bytes:
+    """llama_token_to_piece(token, lstrip=0, special=true): the shared fixtures' detok is these
+    pieces concatenated (not llama_detokenize, which also strips a leading space and cleans spaces)."""
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+    assert n >= 0, n
+    return buf.raw[:n]
+
+
 def random_text(rng, specials, pieces) -> str:
     parts = []
     for _ in range(rng.randrange(0, 12)):
@@ -118,11 +130,7 @@ def main(argv=None) -> int:
                     n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
                     assert n >= 0, n
                     ids = list(buf[:n])
-                    tcap = 16 * n + 64
-                    tbuf = ctypes.create_string_buffer(tcap)
-                    m = llama_cpp.llama_detokenize(vocab, buf, n, tbuf, tcap, False, True)
-                    assert m >= 0, m
-                    detok = tbuf.raw[:m].decode("utf-8", "replace")
+                    detok = b"".join(_piece(vocab, t, llama_cpp) for t in ids).decode("utf-8", "replace")
                     f.write(json.dumps({"text": text, "add_special": add_special, "parse_special": parse_special,
                                         "ids": ids, "detok": detok}, ensure_ascii=False) + "\n")
     tmp.replace(out_path)
