@@ -12,184 +12,19 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 
 import click
 
 from synapse_nb import __version__
 
+from .common import COUNT, INT32, AtLeast, Compiling, given, log, one_line, parse_token_list, read_prompt
 from .server import run_server, server_options
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # SIGTERM
-
-
-def _log(msg: str, end: str = "\n") -> None:
-    if sys.stderr is None:
-        return
-    try:
-        sys.stderr.write(msg + end)
-        sys.stderr.flush()
-    except OSError:  # stderr on a full device or closed: logs are not worth failing the run for
-        pass
-
-
-def _one_line(msg: str, limit: int = 500) -> str:
-    """An error message as one printable line: control characters (a newline in a file name, a
-    corrupted key swallowing binary bytes) escaped, and at most `limit` characters."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
-    return out if len(out) <= limit else out[:limit] + "..."
-
-
-_I32_MAX = 2**31 - 1
-
-
-class _AtLeast(click.ParamType):
-    """An integer option with a lower bound and an upper one (default: int32's, the type of llama.cpp's
-    option and of the kernels' counts), checked where click parses it (one place for every mode:
-    completion, chat, batch, perplexity): outside is the one-line usage error "must be >= MIN" or
-    "must be <= MAX". Every integer option of the command has one."""
-
-    name = "integer"
-
-    def __init__(self, minimum: int, note: str = "", maximum: int = _I32_MAX):
-        self.minimum, self.note, self.maximum = minimum, note, maximum
-
-    def convert(self, value, param, ctx):
-        v = click.INT.convert(value, param, ctx)
-        hint = "/".join(param.opts) if param is not None else None
-        if v < self.minimum:  # named as the checks did: "Invalid value for -b/--batch-size: ..."
-            raise click.BadParameter(f"must be >= {self.minimum}{self.note}", ctx=ctx, param_hint=hint)
-        if v > self.maximum:
-            raise click.BadParameter(f"must be <= {self.maximum}", ctx=ctx, param_hint=hint)
-        return v
-
-
-_COUNT = _AtLeast(1)
-_INT32 = _AtLeast(-_I32_MAX - 1)
-
-
-def _given(name: str) -> bool:
-    """Whether the command line gave option `name` (not its default)."""
-    return click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT
-
-
-def _parse_token_list(text: str) -> list[int]:
-    # ids (ASCII digits) separated by one comma and/or whitespace; "1 2" is two ids, never 12
-    items = re.split(r"\s*,\s*|\s+", text.strip())
-    if items == [""]:
-        raise click.BadParameter("empty token list", param_hint="--tokens")
-    if not all(re.fullmatch(r"[+-]?[0-9]+", t) for t in items):
-        raise click.BadParameter(f"not a comma-separated list of integers: {_one_line(text, 80)!r}",
-                                 param_hint="--tokens")
-    long = next((t for t in items if len(t.lstrip("+-")) > 18), None)  # past int64 (and int()'s digit limit)
-    if long is not None:
-        raise click.BadParameter(f"token id {long[:20]}... ({len(long)} digits) is outside the vocabulary",
-                                 param_hint="--tokens")
-    return [int(t) for t in items]
-
-
-def _decode_utf8(data: bytes, what: str) -> str:
-    """The prompt bytes as text; invalid UTF-8 is an error naming the source and the byte offset
-    (not silently replaced: the model would see U+FFFD where the user meant something else)."""
-    from synapse_nb import SynapseError
-
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SynapseError(f"{what}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}: {e.reason})") \
-            from None
-
-
-def _read_prompt(prompt: str | None, file: str | None, limit: int, n_ctx: int) -> str:
-    # Files and stdin are read up to `limit` bytes (synapse_nb.inputs): `-f /dev/zero` fails at once.
-    from synapse_nb.inputs import read_bounded
-
-    if file is not None and prompt is not None:
-        raise click.UsageError("give the prompt either as an argument or with -f/--file, not both")
-    if file is not None:
-        try:
-            with open(file, "rb") as f:
-                data = read_bounded(f, limit, f"-f/--file {file}", n_ctx)
-        except OSError as e:
-            raise click.BadParameter(f"{file}: {e.strerror}", param_hint="-f/--file")
-        return _decode_utf8(data, f"-f/--file {file}")
-    if prompt == "-":
-        if sys.stdin is None:
-            raise click.BadParameter("standard input is closed", param_hint="PROMPT '-'")
-        return _decode_utf8(read_bounded(sys.stdin.buffer, limit, "standard input", n_ctx), "standard input")
-    return prompt if prompt is not None else ""
-
-
-class _Compiling:
-    """stderr notice while kernels compile (a first run, or after the package changed).
-
-    Loading kernels from Numba's cache compiles nothing and prints nothing: the notice is
-    shown only once a real compilation (synapse_nb.jit) has run for 0.5 s (at once with
-    -v). On a terminal the line is redrawn per warm-up step; into a file it is one line at the
-    start and one at the end. Use as a context manager around the warm-up; call it with
-    (done, total, name) per step.
-    """
-
-    DELAY_S = 0.5
-
-    def __init__(self, verbose: bool):
-        self.verbose = verbose
-        self.tty = sys.stderr.isatty()
-        self.shown = False
-        self.compiles = 0
-        self.step = (0, 1, "")
-        self.timer = None
-        self.lock = threading.Lock()
-        self.t0 = time.perf_counter()
-        self._watch = None
-
-    def __enter__(self):
-        from synapse_nb.jit import watch_compiles
-
-        self._watch = watch_compiles(self._on_compile)
-        self._watch.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._watch.__exit__(*exc)
-        if self.timer is not None:
-            self.timer.cancel()
-        with self.lock:
-            if self.shown and exc[0] is None:
-                _log(("\r" if self.tty else "") + "compiling kernels, first run only: done in "
-                     f"{time.perf_counter() - self.t0:.1f} s" + ("\x1b[K" if self.tty else ""))
-            elif self.shown and self.tty:
-                _log("")
-        return False
-
-    def _on_compile(self, name: str) -> None:
-        self.compiles += 1
-        if self.shown or self.timer is not None:
-            return
-        if self.verbose:
-            self._show()
-        else:
-            self.timer = threading.Timer(self.DELAY_S, self._show)
-            self.timer.daemon = True
-            self.timer.start()
-
-    def _show(self) -> None:
-        with self.lock:
-            done, total, name = self.step
-            if self.tty:
-                _log(f"\rcompiling kernels, first run only: step {done + 1}/{total}, {name}...\x1b[K", end="")
-            elif not self.shown:
-                _log("compiling kernels, first run only...")
-            self.shown = True
-
-    def __call__(self, done: int, total: int, name: str) -> None:
-        self.step = (done, total, name)
-        if self.shown and self.tty and done < total:
-            self._show()
 
 
 def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ignore_eos,
@@ -203,7 +38,8 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, check_n_ctx, check_token_ids, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.compilation.warmup import warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, check_token_ids, resolve_n_ctx
 
     if chat is not None and (chat["conversation"] or chat["single_turn"]):
         bad = [name for name, v in (("--tokens", tokens), ("--tokenize", tokenize_only), ("--logits-out", logits_out),
@@ -236,7 +72,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     t_loaded = time.perf_counter()
     if verbose:
         hp = model.hparams
-        _log(f"loaded {path}: arch {hp.arch}, n_layer {hp.n_layer}, n_embd {hp.n_embd}, n_vocab {hp.n_vocab} "
+        log(f"loaded {path}: arch {hp.arch}, n_layer {hp.n_layer}, n_embd {hp.n_embd}, n_vocab {hp.n_vocab} "
              f"in {1e3 * (t_loaded - t_start):.0f} ms")
 
     # n_ctx before anything sized by it (the prompt read's bound): the KV cache must fit in memory.
@@ -246,12 +82,12 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     if tokens is not None:
         if prompt is not None or file is not None:
             raise click.UsageError("--tokens replaces the prompt text; give one or the other")
-        prompt_ids = _parse_token_list(tokens)
+        prompt_ids = parse_token_list(tokens)
         check_token_ids(prompt_ids, model.hparams.n_vocab, "--tokens")
     else:
         from synapse_nb.inputs import prompt_byte_limit
 
-        text = _read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
+        text = read_prompt(prompt, file, prompt_byte_limit(tok, n_ctx_max), n_ctx_max)
         prompt_ids = tok.tokenize(text, add_special=not no_add_special, parse_special=not no_parse_special)
 
     if tokenize_only:
@@ -275,12 +111,12 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         sampler = sampler_from_options(sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                        has_eos=tok.eos_id is not None, ignore_eos=ignore_eos, grammar=matcher)
     if sampler is not None and ignore_eos and tok.eos_id is None:  # as llama.cpp's common_init_from_params
-        _log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
+        log("warning: vocab does not have an EOS token, ignoring --ignore-eos")
         ignore_eos = False
 
     t_c = time.perf_counter()
-    with _Compiling(verbose) as progress:
-        # a cold cache compiles on two cores when the run has two (compile_helper)
+    with Compiling(verbose) as progress:
+        # a cold cache compiles on two cores when the run has two (synapse_nb.compilation.helper)
         jobs = min(2, n_threads)
         if prefill_check:  # batched and token by token
             session_warmup(model, progress=progress, jobs=jobs)
@@ -295,15 +131,15 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
     compile_ms = 1e3 * (time.perf_counter() - t_c)
 
     if prefill_check:
-        from synapse_nb.session import prefill_check as _check
+        from synapse_nb.checks import prefill_check as _check
 
         del session  # prefill_check makes its own two sessions
-        _log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) and one by one, "
+        log(f"prefill check: {len(prompt_ids)} tokens, batched (n_batch {batch_size}) and one by one, "
              f"compared batch by batch...")
         t_k = time.perf_counter()
         result = _check(model, prompt_ids, n_ctx=n_ctx, n_threads=n_threads, n_batch=batch_size,
                         progress=_check_progress(t_k))
-        _log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
+        log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
         click.echo(str(result))
         return 0 if result.ok else 1
 
@@ -320,7 +156,7 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
 
     watch = NonFiniteWatch()  # NaN / inf weights give NaN / inf logits, as in llama.cpp: say so once
     if watch.check(logits):
-        _log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
+        log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
     if want_rows:
         rows.append(logits)
         logits = logits[-1]
@@ -331,14 +167,14 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
         nonlocal n_evals
         n_evals += 1
         if watch.check(row):
-            _log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
+            log("warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken")
         if want_rows:
             rows.append(row[None, :])
 
     if sampler is not None:
-        _log(f"sampler seed: {sampler.seed}")
+        log(f"sampler seed: {sampler.seed}")
         if verbose:
-            _log("sampler chain: logits -> " + " -> ".join(sampler.chain))
+            log("sampler chain: logits -> " + " -> ".join(sampler.chain))
         sampler.accept_many(prompt_ids)  # as llama-completion: the prompt fills the penalty window
     eog = session.eog_ids(ignore_eos)  # the tokens that end the generation (not printed)
     if stream is not None and (chat or {}).get("display_prompt"):  # --display-prompt, as llama-completion
@@ -385,14 +221,14 @@ def _run(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, igno
             "timings": timings,
             **({"seed": sampler.seed} if sampler is not None else {}),
         }))
-    _log(f"load time        = {timings['load_ms']:10.2f} ms")
+    log(f"load time        = {timings['load_ms']:10.2f} ms")
     if n_compiled:
-        _log(f"compile time     = {timings['compile_ms']:10.2f} ms")
-    _log(f"prompt eval time = {prompt_ms:10.2f} ms / {len(prompt_ids):5d} tokens"
+        log(f"compile time     = {timings['compile_ms']:10.2f} ms")
+    log(f"prompt eval time = {prompt_ms:10.2f} ms / {len(prompt_ids):5d} tokens"
          f" ({timings['prompt_tokens_per_s'] or 0:8.2f} tokens per second)")
-    _log(f"       eval time = {eval_ms:10.2f} ms / {n_evals:5d} runs  "
+    log(f"       eval time = {eval_ms:10.2f} ms / {n_evals:5d} runs  "
          f" ({timings['eval_tokens_per_s'] or 0:8.2f} tokens per second)")
-    _log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} thread{'s' if n_threads != 1 else ''}")
+    log(f"stop: {stop}, {len(generated)} tokens generated, {n_threads} thread{'s' if n_threads != 1 else ''}")
     return EXIT_INTERRUPTED if stop == "interrupted" else 0
 
 
@@ -401,7 +237,8 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     """-cnv / -st: load, make the session, warm up, then synapse_nb.chat.run_conversation."""
     from synapse_nb.chat import chat_renderer, has_chat_template, read_template_file, run_conversation
     from synapse_nb.model import load_model
-    from synapse_nb.session import Session, check_n_ctx, resolve_n_ctx, warmup as session_warmup
+    from synapse_nb.compilation.warmup import warmup as session_warmup
+    from synapse_nb.session import Session, check_n_ctx, resolve_n_ctx
     from synapse_nb.models import resolve_model
 
     if click.get_current_context().get_parameter_source("n_predict") == click.core.ParameterSource.DEFAULT:
@@ -423,11 +260,11 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     if prompt is not None or file is not None:
         from synapse_nb.inputs import prompt_byte_limit
 
-        first = _read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
+        first = read_prompt(prompt, file, prompt_byte_limit(model.tokenizer, n_ctx), n_ctx)
     chat_renderer(model.tokenizer, template, origin, chat["jinja"], chat["system_prompt"])  # bad template: now
     if template is None and not has_chat_template(model.tokenizer):
         # llama-cli's warning when a conversation is forced without the model's own template
-        _log("warning: the model has no chat template: using llama.cpp's ChatML fallback, which may give "
+        log("warning: the model has no chat template: using llama.cpp's ChatML fallback, which may give "
              "suboptimal responses (--chat-template-file FILE gives one)")
     session = Session(model, n_ctx=n_ctx, n_threads=threads or os.cpu_count() or 1, n_batch=batch_size)
     n_threads = session.n_threads
@@ -439,7 +276,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     sampler = sampler_from_options(sampling or {}, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                    has_eos=tok.eos_id is not None, ignore_eos=ignore_eos, grammar=matcher)
     if sampler is not None:
-        _log(f"sampler seed: {sampler.seed}")
+        log(f"sampler seed: {sampler.seed}")
 
     def warmup():
         t_c = time.perf_counter()
@@ -447,7 +284,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
         timings["compile_ms"] = round(1e3 * (time.perf_counter() - t_c), 2)
 
     def _warmup():
-        with _Compiling(verbose) as progress:
+        with Compiling(verbose) as progress:
             session_warmup(model, progress=progress, jobs=min(2, n_threads))
             if sampler is not None:
                 from synapse_nb.sampling import warmup as _sampling_warmup
@@ -457,7 +294,7 @@ def _chat(model_arg, prompt, file, n_predict, ctx_size, batch_size, threads, ign
     return run_conversation(model, session, first_user=first, system_prompt=chat["system_prompt"],
                             single_turn=chat["single_turn"], n_predict=n_predict, jinja=chat["jinja"],
                             chat_template=template, template_origin=origin, ignore_eos=ignore_eos,
-                            as_json=as_json, verbose=verbose, log=_log, warmup=warmup, sampler=sampler,
+                            as_json=as_json, verbose=verbose, log=log, warmup=warmup, sampler=sampler,
                             grammar=matcher, timings=timings)
 
 
@@ -477,14 +314,14 @@ def _grammar_matcher(grammar_text, tok, verbose):
     g = Grammar(grammar_text, tokenizer=tok)
     m = GrammarMatcher(g, tok)
     if verbose:
-        _log(f"grammar: {len(g.rules)} rules, vocabulary indexed in {1e3 * (time.perf_counter() - t0):.0f} ms")
+        log(f"grammar: {len(g.rules)} rules, vocabulary indexed in {1e3 * (time.perf_counter() - t0):.0f} ms")
     return m
 
 
 def _warn_n_ctx(n_ctx: int, hp) -> None:
     """llama.cpp's warning (llama_context's constructor) when n_ctx exceeds the training context."""
     if n_ctx > hp.n_ctx_train:
-        _log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
+        log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
 
 
 def _check_progress(t0: float):
@@ -496,10 +333,10 @@ def _check_progress(t0: float):
     def progress(done: int, total: int) -> None:
         line = f"prefill check: {done}/{total} tokens compared, {time.perf_counter() - t0:.1f} s"
         if tty:
-            _log("\r" + line + ("\n" if done >= total else "\x1b[K"), end="")
+            log("\r" + line + ("\n" if done >= total else "\x1b[K"), end="")
         elif done >= total or done * 10 // total > shown[0]:
             shown[0] = done * 10 // total
-            _log(line)
+            log(line)
 
     return progress
 
@@ -545,7 +382,7 @@ def _sampling_options(f):
     F = dict(type=float, default=None, metavar="N")
     opts = [
         click.option("--temp", **F, help="Sampling temperature [0.8]."),
-        click.option("--top-k", type=_INT32, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
+        click.option("--top-k", type=INT32, default=None, metavar="N", help="Top-k sampling, 0 = off [40]."),
         click.option("--top-p", **F, help="Top-p sampling, 1.0 = off [0.95]."),
         click.option("--min-p", **F, help="Min-p sampling, 0.0 = off [0.05]."),
         click.option("--typical", "typical_p", **F, help="Locally typical sampling p, 1.0 = off [1.0]."),
@@ -555,13 +392,13 @@ def _sampling_options(f):
         click.option("--dynatemp-range", **F, help="Dynamic temperature range, 0.0 = off [0.0]."),
         click.option("--dynatemp-exp", "dynatemp_exponent", **F, help="Dynamic temperature exponent [1.0]."),
         click.option("--repeat-penalty", **F, help="Repeat penalty, 1.0 = off [1.0]."),
-        click.option("--repeat-last-n", "penalty_last_n", type=_INT32, default=None, metavar="N",
+        click.option("--repeat-last-n", "penalty_last_n", type=INT32, default=None, metavar="N",
                      help="Last N tokens (prompt included) to penalize, 0 = off [64]."),
         click.option("--presence-penalty", **F, help="Presence penalty, 0.0 = off [0.0]."),
         click.option("--frequency-penalty", **F, help="Frequency penalty, 0.0 = off [0.0]."),
-        click.option("--min-keep", type=_AtLeast(0), default=None, metavar="N",
+        click.option("--min-keep", type=AtLeast(0), default=None, metavar="N",
                      help="Minimum candidates each sampler keeps [0]."),
-        click.option("-s", "--seed", type=_AtLeast(-1, " (-1: random)", maximum=2**32 - 1), default=None,
+        click.option("-s", "--seed", type=AtLeast(-1, " (-1: random)", maximum=2**32 - 1), default=None,
                      metavar="SEED",
                      help="RNG seed, -1 = random (the seed used is printed on stderr) [-1]."),
         click.option("-l", "--logit-bias", multiple=True, metavar="TOKEN(+|-)BIAS",
@@ -583,7 +420,7 @@ def _llama_cpp_options(f):
                      help="No conversation mode (the default here, as llama-completion's -no-cnv)."),
         click.option("-fa", "--flash-attn", "compat_flash_attn", type=click.Choice(["on", "off", "auto"]),
                      default=None, help="Flash attention: off or auto (computed without it); on is refused."),
-        click.option("-ub", "--ubatch-size", "compat_ubatch", type=_COUNT, default=None, metavar="N",
+        click.option("-ub", "--ubatch-size", "compat_ubatch", type=COUNT, default=None, metavar="N",
                      help="Accepted for llama.cpp's command lines and ignored: results do not depend on it."),
         click.option("--display-prompt/--no-display-prompt", "compat_display_prompt", default=False,
                      show_default=True, help="Print the prompt before the generated text (llama.cpp's default "
@@ -607,7 +444,7 @@ def _apply_llama_cpp_options(compat: dict, conversation: bool):
     if compat["interactive"] or compat["interactive_first"]:
         raise click.UsageError("-i/--interactive is not supported; use -cnv/--conversation for a chat")
     if compat["ubatch"] is not None:
-        _log("warning: -ub/--ubatch-size is ignored: llama-decode's results do not depend on the batch sizes "
+        log("warning: -ub/--ubatch-size is ignored: llama-decode's results do not depend on the batch sizes "
              "(-b sets the prefill batch)")
     # --color: accepted, nothing is colored. -no-cnv: conversation off, whatever -cnv said
     return conversation and not compat["no_cnv"], compat["display_prompt"]
@@ -662,12 +499,12 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
 @click.option("-m", "--model", "model_opt", type=str, default=None, metavar="FNAME",
               help="The model (llama.cpp's -m), instead of MODEL: then the first argument is PROMPT.")
 @click.option("-f", "--file", type=str, default=None, metavar="FILE", help="Read the prompt from this file.")
-@click.option("-n", "--n-predict", type=_AtLeast(-1, " (-1: no limit)"), default=128, show_default=True,
+@click.option("-n", "--n-predict", type=AtLeast(-1, " (-1: no limit)"), default=128, show_default=True,
               help="Tokens to generate; -1: until end of generation or a full context.")
-@click.option("-c", "--ctx-size", type=_AtLeast(0), default=None,
+@click.option("-c", "--ctx-size", type=AtLeast(0), default=None,
               help="Context size n_ctx in tokens, 0 = the model's n_ctx_train [default: min(n_ctx_train, 4096)].")
-@click.option("-b", "--batch-size", type=_COUNT, default=64, show_default=True, help="Prefill batch size.")
-@click.option("-t", "--threads", type=_INT32, default=None, metavar="N",
+@click.option("-b", "--batch-size", type=COUNT, default=64, show_default=True, help="Prefill batch size.")
+@click.option("-t", "--threads", type=INT32, default=None, metavar="N",
               help="Threads, <= 0 = all cores [default: all cores].")
 @click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
               help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder).")
@@ -699,7 +536,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
               help='Batch mode: one input per line, {"id": ..., "prompt": "..."} or {"id": ..., "tokens": [...]}.')
 @click.option("--output", "batch_out", type=str, default=None, metavar="OUT.jsonl",
               help="Batch results, one line per input, appended as they are done; a re-run skips ids already in it.")
-@click.option("--workers", type=_COUNT, default=None,
+@click.option("--workers", type=COUNT, default=None,
               help="Batch mode: worker processes, each loading the model [default: 1; with --ray: CPUs / threads].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Batch mode or --server on Ray: a local Ray, or join the cluster at ADDRESS "
@@ -711,7 +548,7 @@ def _run_batch(model, batch_in, batch_out, workers, ray_address, threads, n_para
                    "with --kl-divergence: the base file to compare against.")
 @click.option("--kl-divergence", "kl_div", is_flag=True,
               help="KL divergence of our token distributions against --kl-divergence-base FILE.")
-@click.option("--chunks", type=_INT32, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
+@click.option("--chunks", type=INT32, default=None, metavar="N", help="Perplexity: at most N chunks [default: all].")
 @click.option("--grammar", type=str, default=None, metavar="GBNF",
               help="Constrain the output with this GBNF grammar (llama.cpp's grammar syntax).")
 @click.option("--grammar-file", type=str, default=None, metavar="FILE", help="The GBNF grammar from FILE.")
@@ -754,7 +591,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
 
     def _warn(message, category, filename, lineno, file=None, line=None):
         # numpy RuntimeWarnings (a corrupt file's NaN scores, inf weights): one line, not two
-        _log(_one_line(f"warning: {category.__name__}: {message}"))
+        log(one_line(f"warning: {category.__name__}: {message}"))
 
     warnings.showwarning = _warn
     grammar_opts = dict(grammar=grammar, grammar_file=grammar_file, json_schema=json_schema,
@@ -769,7 +606,7 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
         if gpu_layers is not None:
             if gpu_layers not in ("auto", "all") and not re.fullmatch(r"-?[0-9]+", gpu_layers):
                 raise click.BadParameter(f"{gpu_layers!r}: an integer, 'auto' or 'all'", param_hint="-ngl/--gpu-layers")
-            _log("warning: llama-decode runs on the CPU only: -ngl/--gpu-layers is ignored")
+            log("warning: llama-decode runs on the CPU only: -ngl/--gpu-layers is ignored")
         if threads is not None and threads <= 0:
             threads = None  # llama.cpp: -t <= 0 is every core
         if sys.stdout is None:  # started with stdout closed (>&-)
@@ -792,9 +629,9 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             code = run_server(model, host=host, port=port, n_parallel=n_parallel, api_key=api_key,
                               timeout=server_timeout, max_queue=max_queue, no_webui=no_webui, ctx_size=ctx_size,
                               batch_size=batch_size, threads=threads,
-                              n_predict=n_predict if _given("n_predict") else -1, sampling=sampling,
-                              chat_template_file=chat_template_file, jinja=jinja, verbose=verbose, log=_log,
-                              compiling=_Compiling, grammar=_grammar_text(grammar_opts), ray_address=ray_address,
+                              n_predict=n_predict if given("n_predict") else -1, sampling=sampling,
+                              chat_template_file=chat_template_file, jinja=jinja, verbose=verbose, log=log,
+                              compiling=Compiling, grammar=_grammar_text(grammar_opts), ray_address=ray_address,
                               replicas=replicas)
         elif ppl or kl_div or kld_base is not None:  # the perplexity tool (cli/perplexity.py)
             from . import perplexity as _ppl
@@ -836,10 +673,10 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
             import traceback
 
             traceback.print_exc()
-        _log(_one_line(f"error: {e}"))
+        log(one_line(f"error: {e}"))
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
-        _log("interrupted")
+        log("interrupted")
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         # stdout closed by the reader (e.g. `| head`): not an error of ours.
@@ -850,14 +687,14 @@ def llama_decode(model, prompt, model_opt, file, n_predict, ctx_size, batch_size
     except Exception as e:  # an internal error: one line, traceback only with --verbose
         if isinstance(e, OSError) and e.filename is None and e.errno in _FULL_ERRNOS:
             # stdout on a full device (>/dev/full): every file we write ourselves names itself
-            _log(_one_line(f"error: cannot write to standard output: {e.strerror or e}"))
+            log(one_line(f"error: cannot write to standard output: {e.strerror or e}"))
             sys.stdout = open(os.devnull, "w")  # nothing more to flush at exit
             sys.exit(EXIT_BAD_INPUT)
         if verbose:
             import traceback
 
             traceback.print_exc()
-        _log(_one_line(f"internal error: {type(e).__name__}: {e}"))
+        log(one_line(f"internal error: {type(e).__name__}: {e}"))
         sys.exit(EXIT_INTERNAL)
     sys.exit(code)
 
@@ -870,7 +707,7 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 def _on_sigterm(signum, frame):
     # SIGTERM unwinds like an exception, so that partial results are removed (a .kld or .npy being
     # written, an empty batch --output) before the process ends with 128 + 15
-    _log("terminated")
+    log("terminated")
     raise SystemExit(EXIT_TERMINATED)
 
 
@@ -887,10 +724,10 @@ def main() -> None:
     try:
         code = llama_decode.main(prog_name="llama-decode", standalone_mode=False)
     except click.ClickException as e:
-        _log(_one_line(f"error: {e.format_message()} (see llama-decode --help)"))
+        log(one_line(f"error: {e.format_message()} (see llama-decode --help)"))
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        _log("interrupted")
+        log("interrupted")
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code or 0)
 

@@ -88,7 +88,7 @@ def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue
         defaults = given_options(sampling, model.hparams.n_vocab)
         seed = defaults.pop("seed", -1)
         with compiling(verbose) as progress:
-            from synapse_nb.session import warmup
+            from synapse_nb.compilation.warmup import warmup
             from synapse_nb.sampling import warmup as sampling_warmup
 
             warmup(model, progress=progress)

@@ -208,7 +208,7 @@ class Llama:
         from .sampling import DEFAULTS, Sampler
 
         if model is None:
-            from . import load_model
+            from .engine import load_model
 
             model = load_model(model_path)
         self.model = model
@@ -238,7 +238,7 @@ class Llama:
         self.metrics = {"requests": 0, "prompt_tokens": 0, "predicted_tokens": 0, "errors": 0}
         if warmup:
             from .sampling import warmup as sampling_warmup
-            from .session import warmup as session_warmup
+            from .compilation.warmup import warmup as session_warmup
 
             session_warmup(model)
             sampling_warmup()

@@ -238,7 +238,8 @@ class Decoder:
         if self.grammar is not None:
             self._grammar(self.grammar)  # a bad grammar fails the run, not each line
         # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.
-        from .session import Session, warmup as session_warmup
+        from .compilation.warmup import warmup as session_warmup
+        from .session import Session
 
         self.session = Session(self.model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.n_threads = self.session.n_threads or _numba_threads()
