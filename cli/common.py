@@ -1,6 +1,8 @@
-"""What every llama-decode mode shares: stderr logging, the integer option type, the prompt's
-reading, and the compile notice. Nothing here imports the library at import time (start-up stays
-light: synapse_nb is imported inside the functions that need it).
+"""What every llama-decode mode shares: exit codes, stderr logging, the integer option type, the
+prompt's reading (escapes, token lists, files, stdin), the grammar, and the compile notice.
+
+Start-up stays light: at import time only synapse_nb.errors and synapse_nb.options (pure Python)
+are loaded; the library (NumPy, Numba) is imported inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ import threading
 import time
 
 import click
+
+from synapse_nb.errors import SynapseError, one_line
+from synapse_nb.options import I32_MAX, I32_MIN
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # SIGTERM
 
 
 def log(msg: str, end: str = "\n") -> None:
@@ -23,14 +33,6 @@ def log(msg: str, end: str = "\n") -> None:
         pass
 
 
-def one_line(msg: str, limit: int = 500) -> str:
-    """An error message as one printable line: control characters (a newline in a file name, a
-    corrupted key swallowing binary bytes) escaped, and at most `limit` characters."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
-    return out if len(out) <= limit else out[:limit] + "..."
-
-
-I32_MAX = 2**31 - 1
 
 
 class AtLeast(click.ParamType):
@@ -55,7 +57,7 @@ class AtLeast(click.ParamType):
 
 
 COUNT = AtLeast(1)
-INT32 = AtLeast(-I32_MAX - 1)
+INT32 = AtLeast(I32_MIN)
 
 
 def given(name: str) -> bool:
@@ -81,8 +83,6 @@ def parse_token_list(text: str) -> list[int]:
 def decode_utf8(data: bytes, what: str) -> str:
     """The prompt bytes as text; invalid UTF-8 is an error naming the source and the byte offset
     (not silently replaced: the model would see U+FFFD where the user meant something else)."""
-    from synapse_nb import SynapseError
-
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -176,3 +176,58 @@ class Compiling:
         self.step = (done, total, name)
         if self.shown and self.tty and done < total:
             self._show()
+
+
+def grammar_text(grammar_opts):
+    """The GBNF text of --grammar / --grammar-file / -j / -jf (grammar_opts by those names), or None."""
+    from synapse_nb.grammar import grammar_from_options
+
+    return grammar_from_options(**grammar_opts)
+
+
+def grammar_matcher(text, tok, verbose):
+    """A GrammarMatcher for the grammar text (None: no grammar); the vocabulary's index is built here."""
+    if text is None:
+        return None
+    from synapse_nb.grammar import Grammar, GrammarMatcher
+
+    t0 = time.perf_counter()
+    g = Grammar(text, tokenizer=tok)
+    m = GrammarMatcher(g, tok)
+    if verbose:
+        log(f"grammar: {len(g.rules)} rules, vocabulary indexed in {1e3 * (time.perf_counter() - t0):.0f} ms")
+    return m
+
+
+def warn_n_ctx(n_ctx: int, hp) -> None:
+    """llama.cpp's warning (llama_context's constructor) when n_ctx exceeds the training context."""
+    if n_ctx > hp.n_ctx_train:
+        log(f"warning: n_ctx {n_ctx} > n_ctx_train {hp.n_ctx_train} of the model: possible training context overflow")
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v", "?": "?"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ \\a \\b \\f \\v \\? and \\xNN (an
+    ASCII code) replaced; any other backslash sequence, and a final lone backslash, kept as written."""
+    if "\\" not in text:
+        return text
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            hx = text[i + 2:i + 4]
+            if nxt == "x" and len(hx) == 2 and all(h in "0123456789abcdefABCDEF" for h in hx) and int(hx, 16) < 0x80:
+                out.append(chr(int(hx, 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)

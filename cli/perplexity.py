@@ -8,27 +8,28 @@ statistics), or one JSON object with --json; progress and timings go to stderr.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import click
 
+from .common import Compiling, log, parse_token_list, read_prompt
+from .options import refuse_unused
 
-def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base, kl_divergence, tokens,
-        as_json, verbose) -> int:
-    """Run the perplexity tool; returns the exit status. Raises SynapseError / click errors on bad input."""
+
+def run(o) -> int:
+    """Run the perplexity tool with o, the command's options (cli.main); returns the exit status.
+    Raises SynapseError / click errors on bad input."""
+    refuse_unused("perplexity", o)
+    prompt, file, ctx_size, batch_size, chunks, kld_base, kl_divergence, tokens, as_json, verbose = (
+        o.prompt, o.file, o.n_ctx, o.n_batch, o.chunks, o.kld_base, o.kl_div, o.tokens, o.as_json, o.verbose)
     from synapse_nb.jit import fast_start
 
     fast_start()  # before Numba loads (synapse_nb.jit)
-    from synapse_nb import SynapseError
+    from synapse_nb import SynapseError, engine
     from synapse_nb import perplexity as P
-    from synapse_nb.model import load_model
-    from synapse_nb.compilation.warmup import warmup as session_warmup
-    from synapse_nb.session import check_n_ctx, resolve_n_ctx, usable_threads
     from synapse_nb.models import resolve_model
-
-    from .common import Compiling, log, parse_token_list, read_prompt
+    from synapse_nb.session import check_n_ctx, resolve_n_ctx, usable_threads
 
     if chunks is not None and chunks == 0:
         raise click.BadParameter("must be >= 1 (or -1 for all)", param_hint="--chunks")
@@ -39,9 +40,9 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
     kb = P.read_kld(kld_base) if kl_divergence else None
 
     t0 = time.perf_counter()
-    path = resolve_model(model_arg)
-    model = load_model(path)
-    n_threads = usable_threads(threads or os.cpu_count() or 1)
+    path = resolve_model(o.model)
+    model = engine.load_model(path)
+    n_threads = usable_threads(engine.all_cores(o.n_threads))
     if ctx_size is not None:  # -c 0: the model's training context (a Session's n_ctx 0)
         ctx_size = check_n_ctx(model.hparams, resolve_n_ctx(model.hparams, ctx_size))
     if kb is not None:  # the base file's header sets the workload: checked against the model first
@@ -77,10 +78,8 @@ def run(model_arg, prompt, file, ctx_size, batch_size, threads, chunks, kld_base
         P.check_kld_base(model, kb, ids)
     t_loaded = time.perf_counter()
 
-    t_c = time.perf_counter()
     with Compiling(verbose) as progress:
-        session_warmup(model, progress=progress)
-    compile_s = time.perf_counter() - t_c
+        compile_s = engine.warm_up(model, progress=progress)
 
     out = sys.stdout
     t_run = time.perf_counter()

@@ -13,6 +13,9 @@ Modules, one concern each:
   session     Session: one sequence's prefill/decode loop, and its arguments' checks
   checks      prefill_check: batched prefill against token-by-token decoding, bit for bit
   compilation/  the kernels' warm-up, its forwards, and the second process of a cold warm-up
+  engine      the layer every mode calls: load by name or path, session, warm-up, generation
+  options     the one table of a run's parameters (flags, batch keys, HTTP fields, ranges, defaults)
+  timings     the one timings dict of a generation
   parallel    ParallelSession: many sequences per forward, each bit-identical to running alone
   api         Llama: llama-cpp-python's API (completions, chat) over a ParallelSession
   server/     the OpenAI-compatible HTTP server (FastAPI on uvicorn) and its chat page

@@ -2,7 +2,7 @@
 
 The rule tested: every import statement of a module is an edge to the module it names, wherever
 the statement is (at module level, or inside a function or method: a lazy import defers the
-cycle to run time, it does not remove it). Only the imports inside an ``if TYPE_CHECKING:``
+cycle to run time, it does not remove it); so is importlib.import_module with a literal name. Only the imports inside an ``if TYPE_CHECKING:``
 block are exempt (they never run). An edge goes to the module named: ``from .a import b`` is an
 edge to ``a.b`` when that is a module, else to ``a``; ``import a.b`` is an edge to ``a.b``. The
 packages above a module (whose ``__init__`` Python runs first) are not edges of their own: a
@@ -34,8 +34,24 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _import_module_call(node: ast.AST):
+    """An ImportFrom equivalent to importlib.import_module("name" or ".name", ...), else None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    f = node.func
+    if not ((isinstance(f, ast.Attribute) and f.attr == "import_module") or
+            (isinstance(f, ast.Name) and f.id == "import_module")):
+        return None
+    name = node.args[0].value
+    level = len(name) - len(name.lstrip("."))
+    mod, _, last = name[level:].rpartition(".")
+    return ast.ImportFrom(module=mod or None, names=[ast.alias(name=last)], level=level)
+
+
 def _imports(tree: ast.AST):
-    """The Import / ImportFrom nodes of tree, outside `if TYPE_CHECKING:` blocks."""
+    """The Import / ImportFrom nodes of tree (importlib.import_module calls with a literal name
+    as ImportFrom), outside `if TYPE_CHECKING:` blocks."""
     stack = [tree]
     while stack:
         node = stack.pop()
@@ -44,6 +60,9 @@ def _imports(tree: ast.AST):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        call = _import_module_call(node)
+        if call is not None:
+            yield call
         stack.extend(ast.iter_child_nodes(node))
 
 
@@ -116,5 +135,7 @@ def test_rule_counts_lazy_imports_and_exempts_type_checking():
            "def f():\n    from .c import y\n")
     nodes = list(_imports(ast.parse(src)))
     assert sorted(n.module for n in nodes if isinstance(n, ast.ImportFrom)) == ["c", "typing"]
+    call = _import_module_call(ast.parse('importlib.import_module(".perplexity", __name__)').body[0].value)
+    assert (call.level, call.module, call.names[0].name) == (1, None, "perplexity")
     assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
