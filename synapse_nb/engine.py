@@ -97,15 +97,10 @@ def generate(session: Session, prompt: list, n_predict: int, *, sampler=None, gr
         logits = logits[-1]
     if sampler is not None:
         sampler.accept_many(gen.prompt)  # as llama-completion: the prompt fills the penalty window
-
-    def counted(row):
-        gen.n_evals += 1
-        if on_logits is not None:
-            on_logits(row)
-
+    n_past = session.n_past  # each decoded token evaluated adds one: no counting in the loop
     t1 = time.perf_counter()
     try:
-        for tok in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=counted, sampler=sampler,
+        for tok in session.greedy_tokens(logits, n_predict, ignore_eos, on_logits=on_logits, sampler=sampler,
                                          grammar=grammar if sampler is None else None):
             gen.tokens.append(tok)
             if on_token is not None:
@@ -116,4 +111,5 @@ def generate(session: Session, prompt: list, n_predict: int, *, sampler=None, gr
             raise
         gen.stop = "interrupted"
     gen.eval_s = time.perf_counter() - t1
+    gen.n_evals = session.n_past - n_past
     return gen
