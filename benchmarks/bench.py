@@ -47,7 +47,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.compilation.warmup import warmup as session_warmup
+from synapse_nb.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 LIKE_FOR_LIKE = ["--repack", "0", "-fa", "off", "-b", "64", "-ub", "64"]

@@ -20,7 +20,8 @@ from pathlib import Path
 import synapse_nb
 from synapse_nb.grammar import Grammar, GrammarMatcher
 from synapse_nb.sampling import Sampler, warmup
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.compilation.warmup import warmup as session_warmup
+from synapse_nb.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "<|im_start|>user\nDescribe a cat as a JSON object.<|im_end|>\n<|im_start|>assistant\n"

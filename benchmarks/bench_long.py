@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.compilation.warmup import warmup as session_warmup
+from synapse_nb.session import Session
 
 
 def main():

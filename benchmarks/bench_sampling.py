@@ -14,7 +14,8 @@ import numpy as np
 
 import synapse_nb
 from synapse_nb.sampling import Sampler, warmup
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.compilation.warmup import warmup as session_warmup
+from synapse_nb.session import Session
 
 CONFIGS = {
     "llama.cpp defaults (top-k 40, top-p 0.95, min-p 0.05, temp 0.8)": {},

@@ -5,9 +5,12 @@ Only parses and calls the library: the model, its engine (synapse_nb.Llama) and 
 
 from __future__ import annotations
 
-import os
-
 import click
+
+from synapse_nb.options import I32_MAX
+
+from .common import Compiling, grammar_text, log
+from .options import refuse_unused
 
 
 def _parse_replicas(ctx, param, value):
@@ -38,9 +41,9 @@ def server_options(f):
                      help="Sequences decoded at once: server slots, or batch lines [default: server 4, batch 1]."),
         click.option("--api-key", type=str, default=None, metavar="KEY",
                      help="Server: require 'Authorization: Bearer KEY'."),
-        click.option("-to", "--timeout", "server_timeout", type=click.IntRange(1), default=600, show_default=True,
+        click.option("-to", "--timeout", "server_timeout", type=click.IntRange(1, I32_MAX), default=600, show_default=True,
                      metavar="N", help="Server: seconds a request may run before it is cancelled."),
-        click.option("--max-queue", type=click.IntRange(0), default=256, show_default=True, metavar="N",
+        click.option("--max-queue", type=click.IntRange(0, I32_MAX), default=256, show_default=True, metavar="N",
                      help="Server: requests waiting for a slot before new ones get 503."),
         click.option("--no-webui", is_flag=True, help="Server: do not serve the chat page at /."),
         click.option("--replicas", type=str, default=None, metavar="N|MIN:MAX", callback=_parse_replicas,
@@ -50,6 +53,17 @@ def server_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def run(o) -> int:
+    """--server with o, the command's options (cli.main): run_server; returns the exit status."""
+    refuse_unused("server", o)
+    return run_server(o.model, host=o.host, port=o.port, n_parallel=o.n_parallel, api_key=o.api_key,
+                      timeout=o.server_timeout, max_queue=o.max_queue, no_webui=o.no_webui, ctx_size=o.n_ctx,
+                      batch_size=o.n_batch, threads=o.n_threads, n_predict=o.n_predict if o.n_predict_given else -1,
+                      sampling=o.sampling, chat_template_file=o.chat_template_file, jinja=o.jinja,
+                      verbose=o.verbose, log=log, compiling=Compiling, grammar=grammar_text(o.grammar_opts),
+                      ray_address=o.ray_address, replicas=o.replicas)
 
 
 def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
@@ -78,22 +92,18 @@ def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue
                              chat_template_origin=chat_template_file, jinja=jinja, max_queue=max_queue,
                              api_key=api_key, webui=not no_webui, timeout=timeout, verbose=verbose, log=log)
     check_installed()
-    from synapse_nb import load_model
+    from synapse_nb import engine
     from synapse_nb.api import Llama
 
     template = read_template_file(chat_template_file) if chat_template_file is not None else None
     sock = listen_socket(host, port)  # before the model loads: a port in use is said at once
     try:
-        model = load_model(model_arg)
+        model = engine.load_model(model_arg)
         defaults = given_options(sampling, model.hparams.n_vocab)
         seed = defaults.pop("seed", -1)
         with compiling(verbose) as progress:
-            from synapse_nb.session import warmup
-            from synapse_nb.sampling import warmup as sampling_warmup
-
-            warmup(model, progress=progress)
-            sampling_warmup()
-        llama = Llama(model_arg, model=model, n_ctx=ctx_size, n_threads=threads or os.cpu_count() or 1,
+            engine.warm_up(model, progress=progress, all_samplers=True)
+        llama = Llama(model_arg, model=model, n_ctx=ctx_size, n_threads=engine.all_cores(threads),
                       n_batch=batch_size, n_parallel=n_parallel or 4, seed=seed, sampling=defaults,
                       n_predict=n_predict, chat_template=template, chat_template_origin=chat_template_file,
                       jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose, grammar=grammar)

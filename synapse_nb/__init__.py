@@ -9,11 +9,16 @@ Modules, one concern each:
   formats     ggml block formats: layouts and NumPy references
   kernels/    Numba kernels: activation quantizers, dots, matvec/matmul, attention
   model       the Llama-family graph (Model, forward)
-  session     KV cache, prefill/decode loop, prefill check, warmup
+  state       a sequence's state: the F16 KV cache, the forward's activation buffers
+  session     Session: one sequence's prefill/decode loop, and its arguments' checks
+  checks      prefill_check: batched prefill against token-by-token decoding, bit for bit
+  compilation/  the kernels' warm-up, its forwards, and the second process of a cold warm-up
+  engine      the layer every mode calls: load by name or path, session, warm-up, generation
+  options     the one table of a run's parameters (flags, batch keys, HTTP fields, ranges, defaults)
+  timings     the one timings dict of a generation
   parallel    ParallelSession: many sequences per forward, each bit-identical to running alone
   api         Llama: llama-cpp-python's API (completions, chat) over a ParallelSession
   server/     the OpenAI-compatible HTTP server (FastAPI on uvicorn) and its chat page
-  compile_helper  the second process of a cold warm-up
   decode_threads  a decode step's thread count, from its measured time
   tokenizer/  BPE and SentencePiece tokenizers read from the GGUF vocabulary
   sampling    Sampler: llama.cpp's sampler chain (temp, top-k/p, min-p, ...) token for token
@@ -31,14 +36,13 @@ __version__ = "0.1.0"
 
 
 def load_model(path):
-    """Load a GGUF model given its path or a models.txt name; see synapse_nb.model.load_model.
+    """Load a GGUF model given its path or a models.txt name; see synapse_nb.engine.load_model.
 
     Raises SynapseError when the file is missing (or the name not fetched) or unreadable.
     """
-    from .model import load_model as _load
-    from .models import resolve_model
+    from .engine import load_model as _load
 
-    return _load(resolve_model(path))
+    return _load(path)
 
 
 def load_tokenizer(path):
@@ -62,10 +66,14 @@ def __getattr__(name):
         from .api import Llama
 
         return Llama
-    if name in ("Session", "warmup"):  # synapse_nb.session: KV cache, prefill/decode, kernel warm-up
-        from . import session
+    if name == "Session":  # synapse_nb.session: prefill/decode on a KV cache
+        from .session import Session
 
-        return getattr(session, name)
+        return Session
+    if name == "warmup":  # synapse_nb.compilation.warmup: the kernels' warm-up
+        from .compilation.warmup import warmup
+
+        return warmup
     # synapse_nb.perplexity is the submodule, made callable (its __call__ is perplexity.perplexity):
     # a function of that name here would be replaced by the submodule as soon as it is imported.
     # Imported on first use, so that importing synapse_nb stays free of Numba.

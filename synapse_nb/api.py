@@ -36,15 +36,11 @@ import uuid
 import numpy as np
 
 from .errors import SynapseError
+from .options import FIELDS
 
 # Request field (OpenAI / llama-server names) -> Sampler parameter
-REQUEST_SAMPLING = {
-    "temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typical_p",
-    "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "seed": "seed", "min_keep": "min_keep", "top_n_sigma": "top_n_sigma",
-    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "dynatemp_range": "dynatemp_range",
-    "dynatemp_exponent": "dynatemp_exponent",
-}
+REQUEST_SAMPLING = FIELDS  # a request's sampling fields -> Sampler keywords, from the one table (synapse_nb.options)
+_FIELD_OF = {key: field for field, key in REQUEST_SAMPLING.items()}  # an error names the request's field
 MAX_STOP = 4  # stop strings a request may give (OpenAI's limit)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit of top_logprobs
 
@@ -202,21 +198,18 @@ class Llama:
                  chat_template: str | None = None, chat_template_origin: str | None = None, jinja: bool = True,
                  max_queue: int | None = None, warmup: bool = True, verbose: bool = False, model=None,
                  grammar: str | None = None, **ignored):
-        import os
-
+        from . import engine
         from .parallel import ParallelSession
         from .sampling import DEFAULTS, Sampler
 
         if model is None:
-            from . import load_model
-
-            model = load_model(model_path)
+            model = engine.load_model(model_path)
         self.model = model
         self.tokenizer = model.tokenizer
         self.model_path = str(model.path)
         self.verbose = verbose
-        n_threads = n_threads if n_threads and n_threads > 0 else (os.cpu_count() or 1)
-        self.engine = ParallelSession(model, n_seq=n_parallel, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        self.engine = ParallelSession(model, n_seq=n_parallel, n_ctx=n_ctx, n_threads=engine.all_cores(n_threads),
+                                      n_batch=n_batch)
         self.n_ctx = self.engine.n_ctx
         self.n_parallel = self.engine.n_seq
         self.n_threads = self.engine.n_threads
@@ -237,11 +230,7 @@ class Llama:
         self._render = None
         self.metrics = {"requests": 0, "prompt_tokens": 0, "predicted_tokens": 0, "errors": 0}
         if warmup:
-            from .sampling import warmup as sampling_warmup
-            from .session import warmup as session_warmup
-
-            session_warmup(model)
-            sampling_warmup()
+            engine.warm_up(model, all_samplers=True)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="synapse_nb-engine", daemon=True)
         self._thread.start()
@@ -351,29 +340,19 @@ class Llama:
     def sampler(self, options: dict):
         """The Sampler of a request: its options (REQUEST_SAMPLING names, logit_bias) over the defaults,
         with the request's grammar (see grammar())."""
-        from .sampling import Sampler
+        from .sampling import build_sampler
 
         params = dict(self.sampling)
         for field, key in REQUEST_SAMPLING.items():
             v = options.get(field)
             if v is not None:
                 params[key] = v
-        if isinstance(params["temp"], (int, float)) and params["temp"] < 0:
-            params["temp"] = 0.0
         bias = _logit_bias(options.get("logit_bias"), self.model.hparams.n_vocab)
-        if options.get("ignore_eos"):
-            from .sampling import eog_logit_bias
-
-            bias += eog_logit_bias(self.tokenizer.eog_ids)
         params["logit_bias"] = list(params.get("logit_bias") or ()) + bias
-        grammar = self.grammar(options)
-        try:
-            return Sampler(**params, n_vocab=self.model.hparams.n_vocab, grammar=grammar)
-        except SynapseError as e:
-            msg = str(e)
-            for field, key in REQUEST_SAMPLING.items():
-                msg = msg.replace(f"sampling: {key} ", f"{field} ")
-            raise SynapseError(msg) from None
+        # ignore_eos: every end-of-generation token biased to -inf, as llama-server (an EOS or not)
+        return build_sampler(params, n_vocab=self.model.hparams.n_vocab, eog_ids=self.tokenizer.eog_ids,
+                             ignore_eos=bool(options.get("ignore_eos")), grammar=self.grammar(options),
+                             names=_FIELD_OF)
 
     def submit(self, prompt, *, max_tokens=None, stop=None, logprobs=None, loop=None, **options) -> Job:
         """Start a request: prompt (text or token ids), max_tokens (None: the default n_predict; -1:
@@ -427,12 +406,7 @@ class Llama:
         opts = dict(temperature=temperature, top_p=top_p, min_p=min_p, typical_p=typical_p,
                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                     repeat_penalty=repeat_penalty, top_k=top_k, seed=seed, logit_bias=logit_bias, **options)
-        mt = -1 if max_tokens is None or max_tokens <= 0 else max_tokens
-        job = self.submit(prompt, max_tokens=mt, stop=stop, logprobs=logprobs, **opts)
-        fmt = CompletionFormat(self.model_name, logprobs is not None, self.tokenizer)
-        if stream:
-            return (c for ev in job.events() for c in fmt.chunks(ev))
-        return fmt.whole(self._collect(job))
+        return self._respond(prompt, max_tokens, stop, logprobs, CompletionFormat, stream, opts)
 
     def create_chat_completion(self, messages, max_tokens: int | None = None, temperature: float = 0.8,
                                top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, stop=None,
@@ -447,9 +421,14 @@ class Llama:
                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                     repeat_penalty=repeat_penalty, top_k=top_k, seed=seed, logit_bias=logit_bias, **options)
         n_lp = (top_logprobs or 0) if logprobs else None
+        return self._respond(prompt, max_tokens, stop, n_lp, ChatFormat, stream, opts)
+
+    def _respond(self, prompt, max_tokens, stop, n_logprobs, fmt_cls, stream: bool, opts: dict):
+        """Submit a request (max_tokens None or <= 0: until the context is full) and return its
+        response in fmt_cls's shape: the whole object, or an iterator of chunks with stream."""
         mt = -1 if max_tokens is None or max_tokens <= 0 else max_tokens
-        job = self.submit(prompt, max_tokens=mt, stop=stop, logprobs=n_lp, **opts)
-        fmt = ChatFormat(self.model_name, n_lp is not None, self.tokenizer)
+        job = self.submit(prompt, max_tokens=mt, stop=stop, logprobs=n_logprobs, **opts)
+        fmt = fmt_cls(self.model_name, n_logprobs is not None, self.tokenizer)
         if stream:
             return (c for ev in job.events() for c in fmt.chunks(ev))
         return fmt.whole(self._collect(job))

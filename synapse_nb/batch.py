@@ -42,12 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import SynapseError
-
-# Sampling options a line may carry: synapse_nb.Sampler's parameter names.
-SAMPLING_KEYS = ("temp", "top_k", "top_p", "min_p", "typical_p", "min_keep", "penalty_last_n", "repeat_penalty",
-                 "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                 "dynatemp_range", "dynatemp_exponent", "seed", "logit_bias")
+from .errors import SynapseError, one_line as _one_line
+from .options import KEYS as SAMPLING_KEYS  # the sampling keys a line may carry: the Sampler's keywords
 INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS + ("grammar", "json_schema")
 DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling",
                    "grammar")
@@ -84,12 +80,6 @@ def _json_line(text: str):
     """One JSON line parsed (json.loads with _parse_int). Raises ValueError (JSONDecodeError) or
     RecursionError (nested too deeply) when it cannot be read."""
     return json.loads(text, parse_int=_parse_int)
-
-
-def _one_line(msg, limit: int = 500) -> str:
-    """A message as one printable line (control characters escaped), at most `limit` characters."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(msg))
-    return out if len(out) <= limit else out[:limit] + "..."
 
 
 def _is_int(v) -> bool:
@@ -189,16 +179,6 @@ def read_inputs(path) -> list[dict]:
     return items
 
 
-def _sampler_class():
-    """synapse_nb.Sampler when this build has it (sampling lands separately), else None."""
-    try:
-        import synapse_nb
-
-        return getattr(synapse_nb, "Sampler", None)
-    except ImportError:
-        return None
-
-
 # ---------------------------------------------------------------- decoding
 
 class Decoder:
@@ -217,12 +197,10 @@ class Decoder:
     def __init__(self, model, *, n_predict: int = 128, n_ctx: int | None = None, n_batch: int = 64,
                  n_threads: int | None = None, ignore_eos: bool = False, add_special: bool = True,
                  parse_special: bool = True, sampling: dict | None = None, grammar: str | None = None):
-        if not isinstance(model, (str, os.PathLike)):
-            self.model = model
-        else:
-            from . import load_model
+        # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.
+        from . import engine
 
-            self.model = load_model(model)
+        self.model = engine.load_model(model) if isinstance(model, (str, os.PathLike)) else model
         if not _is_int(n_predict) or n_predict < 0:
             raise SynapseError(f"n_predict must be an integer >= 0, got {n_predict!r}")
         bad = sorted(set(sampling or {}) - set(SAMPLING_KEYS))
@@ -237,12 +215,11 @@ class Decoder:
         self.grammar = grammar or None
         if self.grammar is not None:
             self._grammar(self.grammar)  # a bad grammar fails the run, not each line
-        # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.
-        from .session import Session, warmup as session_warmup
+        from .session import Session
 
         self.session = Session(self.model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.n_threads = self.session.n_threads or _numba_threads()
-        session_warmup(self.model)
+        engine.warm_up(self.model)
 
     def _grammar(self, text: str):
         g = self._grammars.get(text)
@@ -307,24 +284,13 @@ class Decoder:
         matcher = self._matcher(obj)
         sampler = None
         if params:
-            cls = _sampler_class()
-            if cls is None:
-                raise SynapseError(f"sampling option {next(iter(params))!r}: sampling is not supported by this "
-                                   f"version of synapse_nb (greedy decoding only)")
+            from .sampling import build_sampler
+
             tok = self.model.tokenizer
-            if self.ignore_eos and tok.eos_id is not None:
-                # as llama.cpp's --ignore-eos when sampling (common_init_from_params): every
-                # end-of-generation token biased to -inf, after the line's own biases
-                own = params.get("logit_bias") or ()
-                if not isinstance(own, (list, tuple)):
-                    raise SynapseError("\"logit_bias\" must be a list of [token id, bias] pairs")
-                params["logit_bias"] = list(own) + [(int(t), float("-inf")) for t in sorted(tok.eog_ids)]
-            try:
-                sampler = cls(**params, n_vocab=hp.n_vocab, **({"grammar": matcher} if matcher else {}))
-            except SynapseError:
-                raise
-            except (TypeError, ValueError) as e:
-                raise SynapseError(f"sampling options: {e}") from None
+            # as llama.cpp's --ignore-eos when sampling (common_init_from_params): every
+            # end-of-generation token biased to -inf after the line's own biases, if there is an EOS
+            sampler = build_sampler(params, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids if tok.eos_id is not None else (),
+                                    ignore_eos=self.ignore_eos, grammar=matcher)
         return list(ids), n_predict, sampler, matcher
 
     def decode(self, obj: dict) -> dict:
@@ -332,58 +298,31 @@ class Decoder:
 
         Returns {"id", "prompt_tokens", "tokens", "text", "stop", "timings"}, or {"id", "error"}
         (one line) when the input is bad (unknown key, no prompt, empty prompt, token id outside
-        the vocabulary, bad n_predict, prompt + n_predict > n_ctx, sampling unavailable or bad).
+        the vocabulary, bad n_predict, prompt + n_predict > n_ctx, bad sampling options).
         Internal errors are raised.
         """
-        from time import perf_counter
+        from .engine import generate
 
         try:
             ids, n_predict, sampler, matcher = self._parse(obj)
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
-        s = self.session
-        eog = s.eog_ids(self.ignore_eos)
-        s.reset()
+        self.session.reset()
         try:
-            t_p0 = perf_counter()
-            logits = s.eval(ids)
-            t_p1 = perf_counter()
-            n_evals = 0
-
-            def on_logits(row):
-                nonlocal n_evals
-                n_evals += 1
-
-            extra = {}
-            if sampler is not None:
-                extra["sampler"] = sampler
-                if hasattr(sampler, "accept_many"):  # as llama-completion: the prompt fills the penalty window
-                    sampler.accept_many(ids)
-            elif matcher is not None:
-                extra["grammar"] = matcher
-            generated, stop = [], "length"
-            for nxt in s.greedy_tokens(logits, n_predict, self.ignore_eos, on_logits=on_logits, **extra):
-                generated.append(nxt)
-                if nxt in eog:
-                    stop = "eog"
-            t_e1 = perf_counter()
+            gen = generate(self.session, ids, n_predict, sampler=sampler, grammar=matcher, ignore_eos=self.ignore_eos)
         except SynapseError as e:
             return {"id": obj.get("id"), "error": _one_line(e)}
-        return self._result(obj, ids, generated, stop, sampler, t_p1 - t_p0, t_e1 - t_p1, n_evals)
+        stop = "eog" if gen.stop == "eog" else "length"  # the prompt + n_predict fit: never "context"
+        return self._result(obj, ids, gen.tokens, stop, sampler, gen.prompt_s, gen.eval_s, gen.n_evals)
 
     def _result(self, obj, ids, generated, stop, sampler, prompt_s, eval_s, n_evals) -> dict:
         """The result dict of one input (see decode)."""
-        prompt_ms, eval_ms = 1e3 * prompt_s, 1e3 * eval_s
-        timings = {
-            "prompt_ms": round(prompt_ms, 2),
-            "prompt_tokens_per_s": round(len(ids) / (prompt_ms / 1e3), 2) if prompt_ms > 0 else None,
-            "eval_ms": round(eval_ms, 2),
-            "eval_tokens_per_s": round(n_evals / (eval_ms / 1e3), 2) if n_evals and eval_ms > 0 else None,
-            "n_threads": self.n_threads,
-        }
+        from .timings import timings
+
         out = {"id": obj["id"], "prompt_tokens": ids, "tokens": generated,
-               "text": self.model.tokenizer.detokenize(generated, special=False), "stop": stop, "timings": timings}
-        if sampler is not None and hasattr(sampler, "seed"):
+               "text": self.model.tokenizer.detokenize(generated, special=False), "stop": stop,
+               "timings": timings(len(ids), prompt_s, n_evals, eval_s, self.n_threads)}
+        if sampler is not None:
             out["seed"] = sampler.seed  # as --json when sampling: the seed that reproduces the line
         return out
 

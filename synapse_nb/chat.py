@@ -637,15 +637,14 @@ def _read_turn(prompt_on_tty: bool, limit: int | None = None):
 def _turn_timings(res: TurnResult, run_wide: dict | None) -> dict:
     """A turn's JSON timings, with the keys of the completion --json: load_ms, compile_ms (run-wide,
     when given), prompt_ms, prompt_tokens_per_s, eval_ms, eval_tokens_per_s, n_threads."""
+    from .timings import timings
+
     run_wide = run_wide or {}
     out = {k: run_wide[k] for k in ("load_ms", "compile_ms") if k in run_wide}
-    out["prompt_ms"] = round(res.prompt_ms, 2)
-    out["prompt_tokens_per_s"] = round(res.n_evaluated / (res.prompt_ms / 1e3), 2) if res.prompt_ms > 0 else None
-    out["eval_ms"] = round(res.eval_ms, 2)
-    out["eval_tokens_per_s"] = round(res.n_decoded / (res.eval_ms / 1e3), 2) \
-        if res.n_decoded and res.eval_ms > 0 else None
-    if "n_threads" in run_wide:
-        out["n_threads"] = run_wide["n_threads"]
+    out.update(timings(res.n_evaluated, res.prompt_ms / 1e3, res.n_decoded, res.eval_ms / 1e3,
+                       run_wide.get("n_threads")))
+    if "n_threads" not in run_wide:
+        del out["n_threads"]
     return out
 
 

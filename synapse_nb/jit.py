@@ -464,7 +464,7 @@ def release_library_pages() -> None:
     unless the kernel evicted them meanwhile. A mapping with a page of the process's own (written
     or swapped) is never touched, and the mappings are read again at every call. The first call
     costs 3 ms (finding the mappings, 2 ms, and unmapping 45 MiB), later ones 1 ms plus the pages
-    mapped again; session.warmup calls it before and after it loads the kernels. (Calling it
+    mapped again; compilation.warmup calls it before and after it loads the kernels. (Calling it
     after each kernel's load too would keep the 5 MiB that a load maps out of the peak, for 5 ms
     of a warm start.)
     """

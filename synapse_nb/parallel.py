@@ -32,8 +32,8 @@ import numpy as np
 
 from .decode_threads import DecodeThreads
 from .errors import SynapseError
-from .session import DEFAULT_N_BATCH, ForwardState, KVCache, _configure_threads, _lazy_zeros, resolve_n_ctx, \
-    usable_threads
+from .session import DEFAULT_N_BATCH, check_session_args
+from .state import ForwardState, KVCache, lazy_zeros, k_rows, v_rows
 from .kernels import attention as _attn
 
 
@@ -88,15 +88,7 @@ class ParallelSession:
     def __init__(self, model, n_seq: int = 4, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = DEFAULT_N_BATCH):
         hp = model.hparams
-        n_ctx = resolve_n_ctx(hp, n_ctx)
-        for name, v in (("n_seq", n_seq), ("n_ctx", n_ctx), ("n_batch", n_batch)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise SynapseError(f"{name} must be a positive integer, got {v!r}")
-        if n_threads is not None:
-            if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-                raise SynapseError(f"n_threads must be a positive integer, got {n_threads!r}")
-            n_threads = usable_threads(n_threads)
-        _configure_threads()
+        n_ctx, n_batch, n_threads = check_session_args(hp, n_ctx, n_threads, n_batch, n_seq=n_seq)
         self.model = model
         self.n_seq = int(n_seq)
         self.n_ctx = int(n_ctx)
@@ -104,8 +96,8 @@ class ParallelSession:
         self.n_threads = n_threads
         ks, vs = _attn.kv_shapes(self.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
         try:
-            self._k = _lazy_zeros((self.n_seq, hp.n_layer, *ks), np.uint16)
-            self._v = _lazy_zeros((self.n_seq, hp.n_layer, *vs), np.uint16)
+            self._k = lazy_zeros((self.n_seq, hp.n_layer, *ks), np.uint16)
+            self._v = lazy_zeros((self.n_seq, hp.n_layer, *vs), np.uint16)
         except (MemoryError, OSError) as e:
             need = self.n_seq * KVCache.nbytes(hp, self.n_ctx)
             raise SynapseError(f"cannot allocate the KV cache of {self.n_seq} x {self.n_ctx} positions "
@@ -322,9 +314,7 @@ class ParallelSession:
         """K and V of layer il at positions 0..n-1 of a slot (or a sequence's slot), as F16 bits
         uint16 [n, n_embd_k], [n, n_embd_v] (copies; KVCache.k_rows' layout)."""
         slot = seq_or_slot.slot if isinstance(seq_or_slot, Sequence) else int(seq_or_slot)
-        view = KVCache.__new__(KVCache)
-        view.k, view.v = self._k[slot], self._v[slot]
-        return view.k_rows(il, n), view.v_rows(il, n)
+        return k_rows(self._k[slot], il, n), v_rows(self._v[slot], il, n)
 
     def generate(self, prompts, n_predict: int = -1, samplers=None, ignore_eos: bool = False) -> list[Sequence]:
         """Decode several prompts together; returns their Sequences (tokens, stop_reason)."""

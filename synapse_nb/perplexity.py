@@ -60,7 +60,7 @@ def _as_model(model):
 
     if isinstance(model, Model):
         return model
-    from . import load_model
+    from .engine import load_model
 
     return load_model(model)
 

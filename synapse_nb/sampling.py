@@ -46,20 +46,16 @@ from collections import Counter, deque
 import numpy as np
 
 from .errors import SynapseError
+from .options import BY_KEY, DRY_DEFAULTS, I32_MAX, I32_MIN, REFUSED, SAMPLING
 
 __all__ = ["Sampler", "MT19937", "LLAMA_DEFAULT_SEED", "DEFAULTS", "CHAIN_ORDER", "eog_logit_bias",
-           "parse_logit_bias", "given_options", "sampler_from_options", "warmup"]
+           "parse_logit_bias", "given_options", "sampler_from_options", "build_sampler", "warmup"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # seed -1: a random seed
 
-# common_params_sampling defaults (common/common.h); the parameter names of the fixtures.
-DEFAULTS = {
-    "temp": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0, "min_keep": 0,
-    "penalty_last_n": 64, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
-    "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "dynatemp_range": 0.0,
-    "dynatemp_exponent": 1.0, "seed": -1, "logit_bias": (),
-}
+# common_params_sampling defaults (common/common.h), from the one parameter table (synapse_nb.options);
+# the parameter names of the fixtures.
+DEFAULTS = {**{p.key: p.default for p in SAMPLING}, **DRY_DEFAULTS}
 
 # common_params_sampling.samplers, the default order.
 CHAIN_ORDER = ("penalties", "dry", "top-n-sigma", "top-k", "typical", "top-p", "min-p", "xtc", "temp-ext")
@@ -207,7 +203,6 @@ def _softmax(c: _Cands, do_sort: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 _F32_MAX = float(np.finfo(np.float32).max)
-_I32_MAX = 2**31 - 1  # llama.cpp's int32_t parameters (min_keep, top_k, penalty_last_n): the kernels' range
 
 
 def _f32_param(name, value, finite=True):
@@ -233,6 +228,12 @@ def _int_param(name, value, lo=None, hi=None):
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise SynapseError(f"sampling: {name} must be {rng}, got {value}")
     return value
+
+
+def _table_int(key, value):
+    """An integer parameter checked against its range in the parameter table (synapse_nb.options)."""
+    p = BY_KEY[key]
+    return _int_param(key, value, p.lo, p.hi)
 
 
 class Sampler:
@@ -271,29 +272,16 @@ class Sampler:
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                             top_n_sigma=top_n_sigma, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
                             dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exponent)
-        self.temp = _f32_param("temp", temp)
-        self.top_k = _int_param("top_k", top_k, -_I32_MAX - 1, _I32_MAX)
-        self.top_p = _f32_param("top_p", top_p)
-        self.min_p = _f32_param("min_p", min_p)
-        self.typical_p = _f32_param("typical_p", typical_p)
-        self.min_keep = _int_param("min_keep", min_keep, 0, _I32_MAX)
-        self.penalty_last_n = _int_param("penalty_last_n", penalty_last_n, 0, _I32_MAX)
-        self.repeat_penalty = _f32_param("repeat_penalty", repeat_penalty)
+        for key, value in self._params.items():  # float32 numbers, or ints in the table's range
+            setattr(self, key, _f32_param(key, value) if BY_KEY[key].kind == "float" else _table_int(key, value))
         if not self.repeat_penalty > 0 or not math.isfinite(_F32(1.0) / self.repeat_penalty):
             raise SynapseError(f"sampling: repeat_penalty must be finite and > 0, got {repeat_penalty!r}")
-        self.frequency_penalty = _f32_param("frequency_penalty", frequency_penalty)
-        self.presence_penalty = _f32_param("presence_penalty", presence_penalty)
-        self.top_n_sigma = _f32_param("top_n_sigma", top_n_sigma)
-        self.xtc_probability = _f32_param("xtc_probability", xtc_probability)
-        self.xtc_threshold = _f32_param("xtc_threshold", xtc_threshold)
-        self.dynatemp_range = _f32_param("dynatemp_range", dynatemp_range)
-        self.dynatemp_exponent = _f32_param("dynatemp_exponent", dynatemp_exponent)
         if _f32_param("dry_multiplier", dry_multiplier) != 0:
             raise SynapseError("sampling: DRY (dry_multiplier != 0) is not supported")
         _f32_param("dry_base", dry_base)
-        _int_param("dry_allowed_length", dry_allowed_length, -_I32_MAX - 1, _I32_MAX)
-        _int_param("dry_penalty_last_n", dry_penalty_last_n, -_I32_MAX - 1, _I32_MAX)
-        seed = _int_param("seed", seed, -1, 2**32 - 1)
+        _int_param("dry_allowed_length", dry_allowed_length, I32_MIN, I32_MAX)
+        _int_param("dry_penalty_last_n", dry_penalty_last_n, I32_MIN, I32_MAX)
+        seed = _table_int("seed", seed)
         if seed == -1 or seed == LLAMA_DEFAULT_SEED:
             seed = secrets.randbits(32)  # get_rng_seed's random seed, one for dist and xtc
         self.seed = seed
@@ -588,22 +576,10 @@ def eog_logit_bias(eog_ids) -> list:
     return [(int(t), float("-inf")) for t in sorted(eog_ids)]
 
 
-# Command-line option -> Sampler parameter (llama.cpp's flag names, common/arg.cpp).
-CLI_PARAMS = {
-    "temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "typical_p": "--typical",
-    "top_n_sigma": "--top-nsigma", "xtc_probability": "--xtc-probability", "xtc_threshold": "--xtc-threshold",
-    "dynatemp_range": "--dynatemp-range", "dynatemp_exponent": "--dynatemp-exp",
-    "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n",
-    "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
-    "min_keep": "--min-keep", "seed": "-s/--seed", "logit_bias": "-l/--logit-bias",
-}
+# Sampler parameter -> command-line option (llama.cpp's flag names, common/arg.cpp), from the table.
+CLI_PARAMS = {p.key: p.flag for p in SAMPLING}
 # Flags of samplers not implemented (refused rather than ignored); their "disabled" value is accepted.
-CLI_REFUSED = {
-    "dry_multiplier": ("--dry-multiplier", "0"), "dry_base": ("--dry-base", None),
-    "dry_allowed_length": ("--dry-allowed-length", None), "dry_penalty_last_n": ("--dry-penalty-last-n", None),
-    "dry_sequence_breaker": ("--dry-sequence-breaker", None), "mirostat": ("--mirostat", "0"),
-    "mirostat_lr": ("--mirostat-lr", None), "mirostat_ent": ("--mirostat-ent", None),
-}
+CLI_REFUSED = REFUSED
 
 
 def parse_logit_bias(text: str, n_vocab: int | None = None) -> tuple:
@@ -656,34 +632,50 @@ def sampler_from_options(opts: dict, *, n_vocab: int, eog_ids=(), has_eos: bool 
 
     opts: option values by CLI_PARAMS / CLI_REFUSED key, None (or empty) when not given;
     logit_bias a sequence of TOKEN(+|-)BIAS strings. If no sampling option is given, returns
-    None (the product's default stays greedy). Otherwise the options not given take llama.cpp's
-    defaults (DEFAULTS); as llama.cpp's argument parser does, temp < 0 becomes 0 and a
-    negative --repeat-last-n is refused; with ignore_eos (and a vocabulary that has an EOS token, else
-    llama.cpp ignores --ignore-eos) every EOG token is biased to -inf after the user's biases.
+    None (the product's default stays greedy). Otherwise build_sampler with the options given
+    over llama.cpp's defaults, its errors naming the flags; with ignore_eos (and a vocabulary that
+    has an EOS token, else llama.cpp ignores --ignore-eos) every EOG token is biased to -inf.
     Raises SynapseError (naming the flag) for a refused flag (DRY, mirostat) or a bad value.
     grammar: a GrammarMatcher for Sampler(grammar=...), or None.
     """
     given = given_options(opts, n_vocab)
     if not given:
         return None
-    params = {k: v for k, v in DEFAULTS.items() if k in CLI_PARAMS}
-    params.update(given)
-    if isinstance(params["temp"], (int, float)) and params["temp"] < 0:
+    return build_sampler(given, n_vocab=n_vocab, eog_ids=eog_ids if has_eos else (), ignore_eos=ignore_eos,
+                         grammar=grammar, names=CLI_PARAMS)
+
+
+def build_sampler(params: dict, *, n_vocab: int | None = None, eog_ids=(), ignore_eos: bool = False, grammar=None,
+                  names: dict | None = None) -> Sampler:
+    """The Sampler of params, as every mode builds it (the CLI, batch lines, HTTP requests).
+
+    params: Sampler keywords (the table's keys, synapse_nb.options; logit_bias (id, bias) pairs),
+    the ones missing taking llama.cpp's defaults. As llama.cpp's argument parser does, temp < 0
+    becomes 0 (the same chain: a temperature <= 0 keeps the argmax). With ignore_eos, every token
+    of eog_ids is biased to -inf after params' own biases (eog_logit_bias; llama-completion gives
+    none when the vocabulary has no EOS token, llama-server all of them). names: key -> the name
+    an error gives the parameter (a flag, an HTTP field); SynapseError for a bad value.
+    """
+    params = dict(params)
+    temp = params.get("temp")
+    if isinstance(temp, (int, float)) and not isinstance(temp, bool) and temp < 0:
         params["temp"] = 0.0
-    if isinstance(params["penalty_last_n"], int) and params["penalty_last_n"] < 0:
-        raise SynapseError(f"--repeat-last-n must be >= 0 (0 = off), got {params['penalty_last_n']}")
-    bias = list(params["logit_bias"] or ())
-    if ignore_eos and has_eos:
-        bias += eog_logit_bias(eog_ids)
-    params["logit_bias"] = bias
+    if ignore_eos and eog_ids:
+        own = params.get("logit_bias") or ()
+        if not isinstance(own, (list, tuple)):
+            name = (names or {}).get("logit_bias", '"logit_bias"')
+            raise SynapseError(f"{name} must be a list of [token id, bias] pairs")
+        params["logit_bias"] = list(own) + eog_logit_bias(eog_ids)
     try:
-        return Sampler(**params, grammar=grammar)
+        return Sampler(**params, n_vocab=n_vocab, grammar=grammar)
     except SynapseError as e:
         msg = str(e)
-        for key, flag in CLI_PARAMS.items():
+        for key, name in (names or {}).items():
             if msg.startswith(f"sampling: {key} "):
-                raise SynapseError(flag + msg[len(f"sampling: {key}"):]) from None
+                raise SynapseError(name + msg[len(f"sampling: {key}"):]) from None
         raise
+    except (TypeError, ValueError) as e:  # an unknown keyword (a batch line's own dict)
+        raise SynapseError(f"sampling options: {e}") from None
 
 
 def warmup(sampler: Sampler | None = None) -> None:

@@ -1,17 +1,17 @@
-"""Session: a KV cache, batched prefill, greedy decode, and the prefill check.
+"""Session: one sequence's batched prefill and decode, and the checks of a session's arguments.
 
 A Session evaluates tokens through Model.forward in batches of n_batch (64, as llama.cpp's
 n_batch = n_ubatch of the reference runs), appending each token's K/V to its cache. Every
 kernel computes a row exactly as for a single token, so a batched prefill gives the same
-logits and cache bits as token-by-token decoding (prefill_check proves it on a prompt).
+logits and cache bits as token-by-token decoding (synapse_nb.checks.prefill_check proves it on
+a prompt). Its state (KVCache, ForwardState) is synapse_nb.state's; the kernels' warm-up is
+synapse_nb.compilation.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
-from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -19,92 +19,14 @@ import numpy as np
 from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .hparams import HParams
-from .kernels import attention as _attn
 from .model import Model
+from .state import ForwardState, KVCache
+
+__all__ = ["Session", "KVCache", "ForwardState", "DEFAULT_N_BATCH", "DEFAULT_N_CTX_MAX", "default_n_ctx",
+           "resolve_n_ctx", "usable_threads", "check_token_ids", "check_n_ctx", "check_session_args"]
 
 DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
 DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
-
-
-def _lazy_zeros(shape, dtype) -> np.ndarray:
-    """A zeroed array backed by an anonymous mapping, committed 4 KiB page by page as it is written.
-
-    numpy's allocator asks for transparent huge pages, so the first write to each channel row of a
-    transposed cache would commit 2 MiB: 235 MB for SmolLM2 at n_ctx 4096 after a 5-token prompt.
-    """
-    count = int(np.prod(shape))
-    buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-class KVCache:
-    """The F16 KV cache of a session, in llama.cpp's bytes: every entry rounded to F16 as
-    llama.cpp's cache stores it, kept as F16 bits.
-
-    k: uint16 [n_layer, n_head_kv, ceil(n_ctx / 64), head_dim_k, 64]: per KV head, K in tiles of 64
-    positions (position p, dim i of head g at k[il, g, p // 64, i, p % 64]);
-    v: uint16 [n_layer, n_head_kv, 64, ceil(n_ctx / 64), head_dim_v]: per KV head, the positions
-    p = 64 m + l in order of (l, m) (channel c at v[il, g, p % 64, p // 64, c]): the layouts the
-    attention kernels read as sequential streams (synapse_nb.kernels.attention). n_layer x n_ctx x
-    (n_embd_k + n_embd_v) x 2 bytes (n_ctx rounded up to 64), zero-initialised like llama.cpp's
-    buffer clear, committed page by page as positions are written (_lazy_zeros).
-    """
-
-    def __init__(self, hp: HParams, n_ctx: int):
-        self.n_ctx = n_ctx
-        ks, vs = _attn.kv_shapes(n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
-        self.k = _lazy_zeros((hp.n_layer, *ks), np.uint16)
-        self.v = _lazy_zeros((hp.n_layer, *vs), np.uint16)
-
-    @staticmethod
-    def nbytes(hp: HParams, n_ctx: int) -> int:
-        """Bytes of the cache at n_ctx positions: n_layer x n_ctx x (n_embd_k + n_embd_v) x 2 (F16)."""
-        return hp.n_layer * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2
-
-    def k_rows(self, il: int, n: int) -> np.ndarray:
-        """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy)."""
-        kt = self.k[il]  # [g, tile, i, j] -> [tile, j, g, i]
-        return np.ascontiguousarray(kt.transpose(1, 3, 0, 2).reshape(kt.shape[1] * kt.shape[3], -1)[:n])
-
-    def v_rows(self, il: int, n: int) -> np.ndarray:
-        """V of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_v] (a copy)."""
-        vt = self.v[il]  # [g, l, m, c] -> [m, l, g, c]
-        return np.ascontiguousarray(vt.transpose(2, 1, 0, 3).reshape(vt.shape[1] * vt.shape[2], -1)[:n])
-
-    def v_entry(self, il: int, p: int, c: int) -> tuple:
-        """Index into v of layer il, position p, channel c of n_embd_v (e.g. for a test's write)."""
-        hd = self.v.shape[4]
-        return (il, c // hd, p % 64, p // 64, c % hd)
-
-
-class ForwardState:
-    """Activation buffers for batches of up to n_batch tokens, allocated once per session."""
-
-    def __init__(self, hp: HParams, n_batch: int, n_ctx: int):
-        n, E, F = n_batch, hp.n_embd, hp.n_ff
-        self.n_batch = n_batch
-        self.x = np.empty((n, E), np.float32)  # residual stream
-        self.h = np.empty((n, E), np.float32)  # normed input of a sub-block
-        self.q = np.empty((n, hp.n_head * hp.head_dim_k), np.float32)
-        self.k = np.empty((n, hp.n_head_kv * hp.head_dim_k), np.float32)
-        self.v = np.empty((n, hp.n_head_kv * hp.head_dim_v), np.float32)
-        self.attn = np.empty((n, hp.n_head * hp.head_dim_v), np.float32)  # attention output (kqv)
-        self.o = np.empty((n, E), np.float32)  # output of a sub-block (wo or ffn_down)
-        self.gate = np.empty((n, F), np.float32)
-        self.up = np.empty((n, F), np.float32)
-        self.act = np.empty((n, F), np.float32)  # silu(gate) * up
-        self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
-        # the SWA layers' cos/sin (gemma3: their own RoPE base); no rows without a window
-        self.rope_swa = np.empty((n if hp.n_swa > 0 else 0, hp.n_rot), np.float32)
-        self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
-        # scratch of the attention kernels for n_ctx positions
-        self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
-        self.abuf = None  # uint8 [7, n_batch * act_row_bytes]: converted activations (Model.forward)
-
-    def activations(self, n: int) -> tuple:
-        """The first n rows of x, h, q, k, v, attn, o, gate, up, act (graph.layers' order)."""
-        return tuple(a[:n] for a in (self.x, self.h, self.q, self.k, self.v, self.attn, self.o, self.gate, self.up,
-                                     self.act))
 
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
@@ -156,17 +78,41 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
-def check_n_ctx(hp: HParams, n_ctx, what: str = "n_ctx") -> int:
+def check_n_ctx(hp: HParams, n_ctx, what: str = "n_ctx", n_seq: int = 1) -> int:
     """n_ctx (after resolve_n_ctx) as an int, after checking that it is a positive integer whose
-    KV cache fits in this machine's memory; raises SynapseError naming `what` otherwise. Cheap: the
-    CLI calls it before any input sized by n_ctx (a prompt read, a .kld workload) is read."""
+    KV cache (n_seq of them: a ParallelSession's slots) fits in this machine's memory; raises
+    SynapseError naming `what` otherwise. Cheap: the CLI calls it before any input sized by n_ctx
+    (a prompt read, a .kld workload) is read."""
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
         raise SynapseError(f"{what} must be a positive integer, got {n_ctx!r}")
-    kv_bytes = KVCache.nbytes(hp, int(n_ctx))
+    kv_bytes = n_seq * KVCache.nbytes(hp, int(n_ctx))
     if kv_bytes > _physical_memory():
-        raise SynapseError(f"{what} {n_ctx}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than this "
-                           f"machine's memory; use a smaller context (-c/--ctx-size)")
+        caches = f" x {n_seq} sequences" if n_seq > 1 else ""
+        raise SynapseError(f"{what} {n_ctx}{caches}: the KV cache would need {kv_bytes / 2**30:.1f} GiB, more than "
+                           f"this machine's memory; use a smaller context (-c/--ctx-size)")
     return int(n_ctx)
+
+
+def _positive_int(v, name: str, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise SynapseError(f"{what}{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def check_session_args(hp: HParams, n_ctx, n_threads, n_batch, n_seq: int = 1, what: str = "") -> tuple:
+    """(n_ctx, n_batch, n_threads) of a Session or a ParallelSession of n_seq sequences, checked:
+    n_ctx after resolve_n_ctx, n_batch and n_seq positive integers, n_threads None or a positive
+    integer (then usable_threads' count), and the n_seq x n_ctx positions' KV cache within this
+    machine's memory (check_n_ctx). Raises SynapseError (its message starting with `what`)
+    otherwise; sets the OpenMP spin count the first kernel launch reads (_configure_threads)."""
+    n_seq = _positive_int(n_seq, "n_seq", what)
+    n_ctx = _positive_int(resolve_n_ctx(hp, n_ctx), "n_ctx", what)
+    check_n_ctx(hp, n_ctx, n_seq=n_seq)
+    n_batch = _positive_int(n_batch, "n_batch", what)
+    if n_threads is not None:
+        n_threads = usable_threads(_positive_int(n_threads, "n_threads", what))
+    _configure_threads()
+    return n_ctx, n_batch, n_threads
 
 
 class Session:
@@ -182,18 +128,8 @@ class Session:
     def __init__(self, model: Model, n_ctx: int | None = None, n_threads: int | None = None,
                  n_batch: int = DEFAULT_N_BATCH):
         hp = model.hparams
-        n_ctx = resolve_n_ctx(hp, n_ctx)
-        if not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
-            raise SynapseError(f"{model.path}: n_ctx must be a positive integer, got {n_ctx!r}")
-        check_n_ctx(hp, n_ctx)
-        kv_bytes = KVCache.nbytes(hp, int(n_ctx))
-        if not isinstance(n_batch, (int, np.integer)) or n_batch < 1:
-            raise SynapseError(f"{model.path}: n_batch must be a positive integer, got {n_batch!r}")
-        if n_threads is not None:
-            if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-                raise SynapseError(f"{model.path}: n_threads must be a positive integer, got {n_threads!r}")
-            n_threads = usable_threads(n_threads)
-        _configure_threads()
+        n_ctx, n_batch, n_threads = check_session_args(hp, n_ctx, n_threads, n_batch, what=f"{model.path}: ")
+        kv_bytes = KVCache.nbytes(hp, n_ctx)
         self.model = model
         self.n_ctx = int(n_ctx)
         self.n_batch = int(min(n_batch, n_ctx))
@@ -377,207 +313,3 @@ class Session:
             if on_logits is not None:
                 on_logits(logits)
         self.stop_reason = "context"
-
-
-def _run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
-    """(batched, single, attention kinds): which warm-up steps a run calls the kernels of.
-
-    The run evaluates a prompt of n_prompt tokens in batches of n_batch (a batch of 1 token runs
-    the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
-    full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
-    Attention kinds: the (decode, parallel) pairs of the attention kernels it calls
-    (attention.kernel_for): decode for a one-row call, parallel past
-    attention.uses_parallel's threshold. Every layer of a batch attends all its rows, but a batch
-    whose logits are not needed stops before its last layer's attention, and the last batch's
-    last layer attends its last row only (Model.forward); each decode step attends one row.
-    """
-    n_batch = min(n_batch, n_ctx)
-    last = n_prompt - (n_prompt - 1) % n_batch - 1  # position of the last batch
-    n_decode = max(0, n_ctx - n_prompt - 1)
-    if n_predict >= 0:
-        n_decode = min(n_decode, max(0, n_predict - 1))
-    batched = min(n_prompt, n_batch) > 1
-    single = n_prompt - last == 1 or n_decode > 0
-    calls = [(1, n_prompt - 1)]  # (rows, pos0) of the attention calls
-    if hp.n_layer > 1:
-        calls += [(min(n_batch, n_prompt - b0), b0) for b0 in range(0, n_prompt, n_batch)]
-    if n_decode:  # the threshold grows with the position: the first and last steps decide
-        calls += [(1, n_prompt), (1, n_prompt + n_decode - 1)]
-    kinds = frozenset((n == 1, _attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v)) for n, p in calls)
-    return batched, single, kinds
-
-
-_ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
-
-
-def _warmup_session(model: Model, override: dict) -> Session:
-    """The warm-up's 3-position Session (forwards of 1 and 2 tokens), its attention taking the
-    parallel-or-serial choice of override (decode: bool -> parallel: bool) per kind."""
-    s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
-    s.state.attn_ws.parallel_override = dict(override)
-    return s
-
-
-def _compile_attention(model: Model, s: Session, kinds) -> None:
-    """Run the attention kernels of kinds ((decode, parallel) pairs) on s's first layer."""
-    hp = model.hparams
-    _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
-                          model._kq_scale, s.state.attn_ws, kinds)
-
-
-def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
-           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1) -> None:
-    """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
-
-    model: a loaded Model. progress: optional callable(done, total, name) called before each step.
-    By default every kernel any run may call. Given n_prompt (a run that evaluates a prompt of
-    n_prompt tokens in batches of n_batch, then decodes up to n_predict tokens, -1: until n_ctx
-    is full, n_ctx defaulting as Session's), only the kernels of that run (_run_needs): a
-    one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
-    four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
-    load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
-    jobs: with 2 or more, when the warm-up compiles both forwards' kernels (a cold cache), a
-    second process compiles the single-token forward's while this one compiles the batched one's
-    (synapse_nb.compile_helper); the kernels and the cache are the same either way.
-    """
-    from . import compile_helper
-
-    hp = model.hparams
-    if n_prompt is None:
-        batched = single = True
-        kinds = _ALL_KINDS
-    else:
-        batched, single, kinds = _run_needs(hp, n_prompt, n_predict, n_batch,
-                                            default_n_ctx(hp) if n_ctx is None else n_ctx)
-    from .jit import release_library_pages
-
-    release_library_pages()  # LLVM's pages touched by the imports and the model's load
-    # the warm-up forwards' attention takes a kind the run uses (per decode / prefill), the
-    # others run on their own in the last step
-    override = dict(sorted(kinds))
-    rest = kinds - set(override.items())
-    s = _warmup_session(model, override)
-    helper = None
-    if jobs > 1 and batched and single and compile_helper.available():
-        helper = compile_helper.Helper(model.path, override, rest)
-
-    def run_batched():
-        if helper is None:
-            s.eval([0, 0])
-            return
-        # all logits: no one-row call (its kernels are the helper's); the run's last batch
-        # makes those on its last layer, which the single-token forward also makes
-        with compile_helper.locked_cache_saves():
-            with helper.on_first_compile():
-                s.eval([0, 0], all_logits=True)
-            helper.wait()
-
-    steps = [
-        ("batched forward (parallel kernels)", run_batched) if batched else None,
-        ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
-        ("attention kernels", lambda: _compile_attention(model, s, rest)) if rest else None,
-    ]
-    steps = [st for st in steps if st is not None]
-    for i, (name, run) in enumerate(steps):
-        if progress:
-            progress(i, len(steps), name)
-        run()
-    release_library_pages()  # and by the kernels' loads: a forward runs none of that code
-    if progress:
-        progress(len(steps), len(steps), "done")
-
-
-@dataclass(frozen=True)
-class PrefillCheckResult:
-    """Outcome of prefill_check. ok: logits and cache bit-identical; otherwise the first difference.
-
-    n_tokens, n_batch: what was compared. logits_diff: (position, vocab index, batched value,
-    token-by-token value) of the first differing logit, else None. cache_diff: ("K" or "V",
-    layer, position, channel, batched value, token-by-token value) of the first differing cache
-    entry (lowest layer, then position), else None.
-    """
-
-    ok: bool
-    n_tokens: int
-    n_batch: int
-    logits_diff: tuple | None
-    cache_diff: tuple | None
-
-    def __str__(self) -> str:
-        if self.ok:
-            return (f"prefill check OK: {self.n_tokens} tokens in batches of {self.n_batch}: logits at every "
-                    f"position and the K/V cache are bit-identical to token-by-token decoding")
-        parts = []
-        if self.logits_diff is not None:
-            p, i, a, b = self.logits_diff
-            parts.append(f"logits differ first at position {p} (vocab id {i}): batched {a!r} vs "
-                         f"token-by-token {b!r}")
-        if self.cache_diff is not None:
-            kind, il, p, c, a, b = self.cache_diff
-            parts.append(f"{kind} cache differs first at layer {il}, position {p}, channel {c}: batched {a!r} "
-                         f"vs token-by-token {b!r}")
-        return f"prefill check FAILED ({self.n_tokens} tokens, batches of {self.n_batch}): " + "; ".join(parts)
-
-
-def _first_cache_diff(kind: str, a, b, n_layer: int, n: int):
-    """First differing entry of two caches' K or V (a, b: KVCache.k_rows or v_rows of each), by
-    layer then position then channel; the values are reported as floats (the F16 values)."""
-    for il in range(n_layer):
-        x, y = a(il, n), b(il, n)  # F16 bits [position, channel]
-        diff = np.argwhere(x != y)
-        if diff.size:
-            p, c = (int(v) for v in diff[0])
-            fa, fb = x[p:p + 1, c].view(np.float16)[0], y[p:p + 1, c].view(np.float16)[0]
-            return (kind, il, p, c, float(fa), float(fb))
-    return None
-
-
-def first_row_diff(position: int, batched: np.ndarray, single: np.ndarray):
-    """First bit difference of two logits rows (float32 [n_vocab]) at ``position``.
-
-    Returns (position, vocab id, batched value, token-by-token value) of the lowest differing id
-    (bit patterns compared: -0.0 differs from 0.0, NaNs compare by payload), or None when the
-    rows are bit-identical.
-    """
-    neq = batched.view(np.uint32) != single.view(np.uint32)
-    if not neq.any():
-        return None
-    i = int(np.argmax(neq))  # first True
-    return (int(position), i, float(batched[i]), float(single[i]))
-
-
-def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int | None = None,
-                  n_batch: int = DEFAULT_N_BATCH, progress=None) -> PrefillCheckResult:
-    """Run tokens once by batched prefill and once token by token; compare bit for bit.
-
-    Compares the logits at every position and the whole K/V cache (positions 0..n-1 of every
-    layer). The two sessions advance together, one batch at a time: the batch's logits rows
-    [n_batch, n_vocab] are compared with the token-by-token rows as those are produced, so memory
-    does not grow with the prompt and the time is one batched prefill plus one token-by-token
-    pass. progress(done, total) is called after each batch, if given. n_ctx defaults to
-    max(len(tokens), the model's default). Returns a PrefillCheckResult (str() is the one-line
-    report). Raises SynapseError on bad tokens.
-    """
-    ids = list(tokens)
-    if n_ctx is None:
-        n_ctx = max(len(ids), min(model.hparams.n_ctx_train, DEFAULT_N_CTX_MAX))
-    batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-    single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1)
-    n = len(ids)
-    if n == 0:
-        batched.eval(ids)  # raises the empty-prompt error
-    logits_diff = None
-    for b0 in range(0, n, batched.n_batch):
-        chunk = ids[b0:b0 + batched.n_batch]
-        lb = batched.eval(chunk, all_logits=True)
-        for t, tok in enumerate(chunk):
-            ls = single.eval([tok])
-            if logits_diff is None:
-                logits_diff = first_row_diff(b0 + t, lb[t], ls)
-        if progress is not None:
-            progress(b0 + len(chunk), n)
-    n_layer = model.hparams.n_layer
-    cache_diff = (_first_cache_diff("K", batched.cache.k_rows, single.cache.k_rows, n_layer, n)
-                  or _first_cache_diff("V", batched.cache.v_rows, single.cache.v_rows, n_layer, n))
-    return PrefillCheckResult(ok=logits_diff is None and cache_diff is None, n_tokens=n, n_batch=batched.n_batch,
-                              logits_diff=logits_diff, cache_diff=cache_diff)

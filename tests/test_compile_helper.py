@@ -1,4 +1,4 @@
-"""synapse_nb.compile_helper: a cold warm-up's second compiling process, and its cache-save lock."""
+"""synapse_nb.compilation.helper: a cold warm-up's second compiling process, and its cache-save lock."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_nb import compile_helper
+from synapse_nb.compilation import helper as compile_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q4_0.gguf"
@@ -20,7 +20,8 @@ import json, sys
 sys.path.insert(0, sys.argv[2])  # this checkout's package, whatever the working directory holds
 from synapse_nb.jit import watch_compiles
 from synapse_nb.model import load_model
-from synapse_nb.session import Session, warmup
+from synapse_nb.compilation.warmup import warmup
+from synapse_nb.session import Session
 m = load_model(sys.argv[1])
 names = []
 with watch_compiles(names.append):

@@ -67,7 +67,7 @@ def test_goldens(case):
 
 
 def test_prefill_equals_token_by_token_past_the_window():
-    from synapse_nb.session import prefill_check
+    from synapse_nb.checks import prefill_check
 
     toks = next(c for c in CASES if c["name"] == "long-swa")["tokens"]
     assert len(toks) > model().hparams.n_swa + 64

@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 from conftest import TINY, real_model
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.compilation.warmup import warmup as session_warmup
+from synapse_nb.session import Session
 
 HERE = Path(__file__).parent
 PPL = HERE / "data" / "perplexity"

@@ -17,8 +17,9 @@ import pytest
 
 from synapse_nb import SynapseError
 from synapse_nb.model import load_model
-from synapse_nb.session import Session, first_row_diff, prefill_check
-from synapse_nb.session import Session, warmup as session_warmup
+from synapse_nb.checks import first_row_diff, prefill_check
+from synapse_nb.session import Session
+from synapse_nb.compilation.warmup import warmup as session_warmup
 
 TINY = Path(__file__).parent / "data" / "tiny"
 ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
@@ -318,7 +319,7 @@ def test_warmup_of_a_run_takes_the_steps_the_run_uses():
     """warmup(n_prompt=...) runs only the steps whose kernels the run calls (the rest would load or
     compile for nothing): a 1-token prompt and no decode step is the serial forward alone."""
     from synapse_nb.kernels.attention import uses_parallel
-    from synapse_nb.session import _run_needs
+    from synapse_nb.compilation.warmup import run_needs as _run_needs
 
     m = model("tiny-llama-hd128-q4_k_m")
     hp = m.hparams

@@ -27,11 +27,12 @@ from typing import Any, Literal, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import ChatFormat, CompletionFormat, Llama, ServerBusy
 from ..errors import SynapseError
+from ..options import BY_KEY, FIELDS
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused with 413
 STATIC = Path(__file__).parent / "static"
@@ -44,24 +45,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class _Sampling(_Strict):
+# A request's sampling fields (float or int, optional), from the one parameter table.
+_SamplingFields = create_model("_SamplingFields", __base__=_Strict,
+                               **{f: ((float if BY_KEY[k].kind == "float" else int) | None, None)
+                                  for f, k in FIELDS.items()})
+
+
+class _Sampling(_SamplingFields):
     model: str | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    min_keep: int | None = None
-    top_n_sigma: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
     logit_bias: Union[dict[str, Union[float, bool]], list[list[Union[int, float, bool]]], None] = None
     ignore_eos: bool = False
     stop: Union[str, list[str], None] = None
@@ -74,10 +65,7 @@ class _Sampling(_Strict):
     json_schema: Union[dict[str, Any], bool, None] = None  # a JSON schema (llama-server's field)
 
     def sampling(self) -> dict:
-        keys = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-                "presence_penalty", "frequency_penalty", "seed", "min_keep", "top_n_sigma", "xtc_probability",
-                "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "logit_bias", "ignore_eos", "grammar",
-                "json_schema")
+        keys = (*FIELDS, "logit_bias", "ignore_eos", "grammar", "json_schema")
         return {k: getattr(self, k) for k in keys
                 if k not in ("grammar", "json_schema") or getattr(self, k) is not None}
 

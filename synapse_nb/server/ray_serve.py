@@ -42,8 +42,8 @@ class Replica:
     """One Serve replica: one Llama, the FastAPI app over it (wrapped by serve.ingress() at deploy time)."""
 
     def __init__(self, model_arg: str, llama_kwargs: dict, sampling: dict, app_kwargs: dict):
-        from .. import load_model
         from ..api import Llama
+        from ..engine import load_model
         from ..sampling import given_options
 
         model = load_model(model_arg)

@@ -2,7 +2,7 @@
 
 Numba compiles one function at a time under a process-wide lock, about half of it in LLVM and
 half in Python, so a first run (an empty cache) uses one core however many the machine has.
-session.warmup's two forwards compile disjoint sets of kernels when the batched one keeps all
+compilation.warmup's two forwards compile disjoint sets of kernels when the batched one keeps all
 its logits (every kernel call has N > 1 rows: the _mm_ drivers, the parallel row ops, prefill
 attention) and the single-token one has one row (the _mv_ drivers, the serial ops, decode
 attention). So while the warm-up runs the batched forward, this process (main(), started with
@@ -38,6 +38,11 @@ except ImportError:  # not POSIX: no helper (available() is False)
     fcntl = None
 
 
+def _package_dir() -> str:
+    """The directory of the synapse_nb package this module belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def available() -> bool:
     """Whether a Helper can run here (POSIX file locks)."""
     return fcntl is not None
@@ -69,7 +74,7 @@ def locked_cache_saves():
 
 class Helper:
     """The helper process of one warm-up: the single-token forward (and the attention kernels of
-    ``rest``, see session.warmup) on the model at ``path``, with ``override`` as the warm-up
+    ``rest``, see compilation.warmup) on the model at ``path``, with ``override`` as the warm-up
     Session's Workspace.parallel_override. Use ``with helper.on_first_compile(): ...`` around
     the work it runs beside, then ``helper.wait()``."""
 
@@ -82,13 +87,11 @@ class Helper:
     def _start(self):
         if self._proc is not None:
             return
-        import synapse_nb
-
         # The child must import this very package (its kernels' cache entries are keyed by their
         # source files): its directory goes first on sys.path, before the working directory
         # (which may hold another copy, e.g. a source checkout beside an installed package).
-        pkg = os.path.dirname(os.path.abspath(synapse_nb.__file__))
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); from synapse_nb.compile_helper import main; "
+        pkg = _package_dir()
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from synapse_nb.compilation.helper import main; "
                 "sys.exit(main(sys.argv[2:]))")
         try:
             self._proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(pkg), pkg, *self._args],
@@ -100,7 +103,7 @@ class Helper:
     def on_first_compile(self):
         """Within the block, start the helper when Numba first compiles something (run the block
         and wait() within locked_cache_saves)."""
-        from .jit import watch_compiles
+        from ..jit import watch_compiles
 
         return watch_compiles(lambda name: self._start())
 
@@ -134,21 +137,19 @@ def main(argv) -> int:
     """The helper process: argv = [the parent's synapse_nb package directory, model path, JSON
     {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...]}]. Returns 2 without
     compiling anything when this process imported another synapse_nb than the parent."""
-    import synapse_nb
-
-    if os.path.dirname(os.path.abspath(synapse_nb.__file__)) != argv[0]:
+    if _package_dir() != argv[0]:
         return 2
     _exit_with_parent()
     path, spec = argv[1], json.loads(argv[2])
-    from .model import load_model
-    from .session import _compile_attention, _warmup_session
+    from ..model import load_model
+    from .forwards import compile_attention, warmup_session
 
     with locked_cache_saves():
         model = load_model(path)
-        s = _warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
+        s = warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
         model.compile_layers(s.state, s.cache)  # first: the parent's first forward needs it too
         s.eval([0])
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
         if rest:
-            _compile_attention(model, s, rest)
+            compile_attention(model, s, rest)
     return 0

@@ -1,0 +1,105 @@
+"""The warm-up: compile (or load from Numba's cache) the kernels a run will call, before it runs.
+
+warmup runs a 1-token and a 2-token forward on a 3-position Session (compilation.forwards),
+chosen by run_needs to compile only what a given run calls; on a cold cache with jobs >= 2 a
+second process compiles half of them (compilation.helper).
+"""
+
+from __future__ import annotations
+
+from ..hparams import HParams
+from ..jit import release_library_pages
+from ..kernels import attention as _attn
+from ..model import Model
+from ..session import DEFAULT_N_BATCH, default_n_ctx
+from . import helper as helper_process
+from .forwards import compile_attention, warmup_session
+
+
+def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
+    """(batched, single, attention kinds): which warm-up steps a run calls the kernels of.
+
+    The run evaluates a prompt of n_prompt tokens in batches of n_batch (a batch of 1 token runs
+    the single-token kernels), then up to n_predict - 1 single tokens (-1: until the context is
+    full; the last token is not evaluated, see Session.greedy_tokens) within n_ctx positions.
+    Attention kinds: the (decode, parallel) pairs of the attention kernels it calls
+    (attention.kernel_for): decode for a one-row call, parallel past
+    attention.uses_parallel's threshold. Every layer of a batch attends all its rows, but a batch
+    whose logits are not needed stops before its last layer's attention, and the last batch's
+    last layer attends its last row only (Model.forward); each decode step attends one row.
+    """
+    n_batch = min(n_batch, n_ctx)
+    last = n_prompt - (n_prompt - 1) % n_batch - 1  # position of the last batch
+    n_decode = max(0, n_ctx - n_prompt - 1)
+    if n_predict >= 0:
+        n_decode = min(n_decode, max(0, n_predict - 1))
+    batched = min(n_prompt, n_batch) > 1
+    single = n_prompt - last == 1 or n_decode > 0
+    calls = [(1, n_prompt - 1)]  # (rows, pos0) of the attention calls
+    if hp.n_layer > 1:
+        calls += [(min(n_batch, n_prompt - b0), b0) for b0 in range(0, n_prompt, n_batch)]
+    if n_decode:  # the threshold grows with the position: the first and last steps decide
+        calls += [(1, n_prompt), (1, n_prompt + n_decode - 1)]
+    kinds = frozenset((n == 1, _attn.uses_parallel(n, p, hp.n_head, hp.head_dim_k, hp.head_dim_v)) for n, p in calls)
+    return batched, single, kinds
+
+
+ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
+
+
+def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
+           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1) -> None:
+    """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
+
+    model: a loaded Model. progress: optional callable(done, total, name) called before each step.
+    By default every kernel any run may call. Given n_prompt (a run that evaluates a prompt of
+    n_prompt tokens in batches of n_batch, then decodes up to n_predict tokens, -1: until n_ctx
+    is full, n_ctx defaulting as Session's), only the kernels of that run (run_needs): a
+    one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
+    four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
+    load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
+    jobs: with 2 or more, when the warm-up compiles both forwards' kernels (a cold cache), a
+    second process compiles the single-token forward's while this one compiles the batched one's
+    (synapse_nb.compilation.helper); the kernels and the cache are the same either way.
+    """
+    hp = model.hparams
+    if n_prompt is None:
+        batched = single = True
+        kinds = ALL_KINDS
+    else:
+        batched, single, kinds = run_needs(hp, n_prompt, n_predict, n_batch,
+                                            default_n_ctx(hp) if n_ctx is None else n_ctx)
+    release_library_pages()  # LLVM's pages touched by the imports and the model's load
+    # the warm-up forwards' attention takes a kind the run uses (per decode / prefill), the
+    # others run on their own in the last step
+    override = dict(sorted(kinds))
+    rest = kinds - set(override.items())
+    s = warmup_session(model, override)
+    helper = None
+    if jobs > 1 and batched and single and helper_process.available():
+        helper = helper_process.Helper(model.path, override, rest)
+
+    def run_batched():
+        if helper is None:
+            s.eval([0, 0])
+            return
+        # all logits: no one-row call (its kernels are the helper's); the run's last batch
+        # makes those on its last layer, which the single-token forward also makes
+        with helper_process.locked_cache_saves():
+            with helper.on_first_compile():
+                s.eval([0, 0], all_logits=True)
+            helper.wait()
+
+    steps = [
+        ("batched forward (parallel kernels)", run_batched) if batched else None,
+        ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
+        ("attention kernels", lambda: compile_attention(model, s, rest)) if rest else None,
+    ]
+    steps = [st for st in steps if st is not None]
+    for i, (name, run) in enumerate(steps):
+        if progress:
+            progress(i, len(steps), name)
+        run()
+    release_library_pages()  # and by the kernels' loads: a forward runs none of that code
+    if progress:
+        progress(len(steps), len(steps), "done")
