@@ -88,8 +88,10 @@ class HParams:
     yarn_log_multiplier {arch}.rope.scaling.yarn_log_multiplier (default 0)
     attn_temp_scale     {arch}.attention.temperature_scale (default 0 = off)
     attn_temp_floor     the floor length of the temperature scaling (0 when off). llama.cpp then
-                        scales q at position p by 1 + attn_temp_scale * ln(floor((p + 0) /
-                        attn_temp_floor) + 1) (llama-graph.cpp llm_graph_input_attn_temp)
+                        scales q at position p by 1 + attn_temp_scale * ln(floor((p +
+                        attn_temp_offset) / attn_temp_floor) + 1) (llama-graph.cpp
+                        llm_graph_input_attn_temp)
+    attn_temp_offset    f_attn_temp_offset, the position offset above (default 0)
     n_swa               {arch}.attention.sliding_window: a query at p attends p - n_swa + 1 .. p on
                         the SWA layers (LLAMA_SWA_TYPE_STANDARD); 0: no sliding window
     swa_layers          per layer, True for a sliding-window layer (llama_hparams::is_swa)
@@ -135,6 +137,7 @@ class HParams:
     yarn_log_multiplier: float = 0.0
     attn_temp_scale: float = 0.0
     attn_temp_floor: int = 0
+    attn_temp_offset: float = 0.0
     n_swa: int = 0
     swa_layers: tuple = ()
     rope_freq_base_swa: float = 0.0

@@ -196,7 +196,7 @@ class Model:
             # llm_graph_input_attn_temp::set_input: float position, float division by the floor
             # length, then log(floor(.) + 1.0) * scale + 1.0 in double, stored as float
             for t in range(n):
-                r = f32(f32(pos[t]) + f32(0.0)) / f32(hp.attn_temp_floor)
+                r = f32(f32(pos[t]) + f32(hp.attn_temp_offset)) / f32(hp.attn_temp_floor)
                 st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
 
     def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,

@@ -23,6 +23,7 @@ TENSORS = llama.TENSORS
 
 
 def derive(hp: dict, path) -> dict:
-    """The temperature's floor length: llama.cpp sets n_attn_temp_floor_scale = n_ctx_orig_yarn
-    (yarn_orig_ctx; there is no key) when the temperature scale is not 0 (0: none)."""
-    return {"attn_temp_floor": hp["yarn_orig_ctx"] if hp["attn_temp_scale"] != 0 else 0}
+    """The temperature's floor length and offset: llama.cpp sets n_attn_temp_floor_scale =
+    n_ctx_orig_yarn (yarn_orig_ctx; there is no key) when the temperature scale is not 0 (0:
+    none), and f_attn_temp_offset = 0."""
+    return {"attn_temp_floor": hp["yarn_orig_ctx"] if hp["attn_temp_scale"] != 0 else 0, "attn_temp_offset": 0.0}

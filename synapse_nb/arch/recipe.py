@@ -1,8 +1,8 @@
 """The terms an architecture module is written in: its block recipe, its extra GGUF keys, its tensors.
 
-An architecture module (synapse_nb.arch.llama, ...) fills in four things, read by the common
-code (hparams.HParams.from_gguf, model.Model, kernels/graph.layers), which never tests the
-architecture's name:
+An architecture module (synapse_nb.arch.llama, ...) gives its NAME (general.architecture) and
+four things, read by the common code (hparams.HParams.from_gguf, model.Model,
+kernels/graph.layers), which never tests the architecture's name:
 
   RECIPE   Recipe: the steps of its transformer block that are fixed for the architecture
            (llama.cpp src/models/<arch>.cpp, llama_model_rope_type);
