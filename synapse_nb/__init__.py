@@ -5,6 +5,7 @@ Modules, one concern each:
   gguf_file   memory-mapped GGUF reader (header, key/values, tensor table)
   gguf_spec   the GGUF format's constants (ggml types, value types, keys), as gguf-py's
   hparams     HParams, a frozen dataclass read from GGUF keys
+  arch/       one module per architecture: its extra keys, tensors and block recipe (ARCHS)
   models      models.txt: the real models we test on, and fetching them
   formats     ggml block formats: layouts and NumPy references
   kernels/    Numba kernels: activation quantizers, dots, matvec/matmul, attention

@@ -1,12 +1,13 @@
 """HParams: the model hyper-parameters, read from GGUF keys as llama.cpp reads them.
 
 Sources reproduced (llama.cpp src/): llama-model.cpp llama_model::load_hparams
-(generic keys, then the LLM_ARCH_LLAMA / QWEN2 / MISTRAL3 / GEMMA3 cases) and
-llama_model_rope_type; llama-hparams.h (defaults); llama-context.cpp
-llama_context::llama_context (the effective rope/YaRN parameters a context
-derives from them when the user overrides nothing); llama-model.cpp
-load_tensors (the tensor list and shapes checked by validate_tensors).
+(generic keys, then the architecture's case) and llama_model_rope_type; llama-hparams.h
+(defaults); llama-context.cpp llama_context::llama_context (the effective rope/YaRN parameters
+a context derives from them when the user overrides nothing); llama-model.cpp load_tensors
+(the tensor list and shapes checked by validate_tensors).
 
+What differs between architectures (extra keys, tensors, recipe, derived values) is read from
+the architecture's module (synapse_nb.arch.ARCHS); this module reads the common keys and checks.
 Key names are gguf.Keys templates with {arch} = general.architecture, e.g.
 `llama.attention.head_count`.
 """
@@ -19,18 +20,12 @@ import numpy as np
 from .gguf_spec import GGUFValueType as VT
 from .gguf_spec import Keys
 
+from .arch import ARCHS
+from .arch.recipe import NEEDED, dims
 from .errors import SynapseError
 from .formats import weight_formats
 from .gguf_file import REQUIRED, GGUFFile, _show
 
-# llama_model_rope_type: LLAMA and MISTRAL3 rotate adjacent pairs (LLAMA_ROPE_TYPE_NORM),
-# QWEN2 and GEMMA3 pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX).
-ROPE_TYPE = {"llama": "norm", "mistral3": "norm", "qwen2": "neox", "gemma3": "neox"}
-# llama-model.cpp LLM_ARCH_GEMMA3: hparams.set_swa_pattern(6) (every 6th layer full, the others
-# sliding-window: llama_hparams::is_swa(il) = il % 6 < 5) and the SWA layers' RoPE base 10000,
-# scale 1 (rope_freq_base_train_swa / rope_freq_scale_train_swa; no GGUF key for either)
-GEMMA3_SWA_PATTERN = 6
-GEMMA3_ROPE_FREQ_BASE_SWA = 10000.0
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cpp, not supported here
 
 # ggml types the kernels can multiply / look up: the weight formats of synapse_nb.formats' table
@@ -43,12 +38,13 @@ VECTOR_TYPES = frozenset({"F32", "F16"})
 
 @dataclass(frozen=True)
 class HParams:
-    """Hyper-parameters of a llama / qwen2 / mistral3 / gemma3 GGUF model.
+    """Hyper-parameters of a Llama-family GGUF model (an architecture of synapse_nb.arch.ARCHS).
 
     Integers are counts or lengths in elements; floats are the float32 values
-    stored in the file (or float32 results, as llama.cpp computes them).
+    stored in the file (or float32 results, as llama.cpp computes them). "The recipe" is the
+    architecture module's (synapse_nb.arch): its RECIPE, KEYS and derive().
 
-    arch                general.architecture: "llama", "qwen2" or "mistral3"
+    arch                general.architecture, a key of synapse_nb.arch.ARCHS
     name                general.name ("" when absent)
     n_vocab             {arch}.vocab_size, else len(tokenizer.ggml.tokens), else token_embd rows
     n_embd              {arch}.embedding_length (required)
@@ -60,9 +56,9 @@ class HParams:
     n_ff                {arch}.feed_forward_length (required)
     n_ctx_train         {arch}.context_length (required)
     rms_eps             {arch}.attention.layer_norm_rms_epsilon (required for every arch)
-    rope_type           "norm" (llama, mistral3) or "neox" (qwen2): llama_model_rope_type
+    rope_type           the recipe's: "norm" or "neox" (llama_model_rope_type)
     n_rot               {arch}.rope.dimension_count (default head_dim_k); must equal head_dim_k
-                        (llama.cpp checks it for llama; the llama/qwen2/mistral3 graphs assert it)
+                        (llama.cpp checks it for some architectures; every graph here assumes it)
     rope_freq_base      {arch}.rope.freq_base (default 10000)
     rope_scaling_type   {arch}.rope.scaling.type (default "linear"): "none", "linear" or "yarn"
     rope_freq_scale     1 / {arch}.rope.scaling.factor (else the old key {arch}.rope.scale_linear;
@@ -77,39 +73,39 @@ class HParams:
                         get_mscale(factor, 1) when the multiplier is 0), where get_mscale(s, m) =
                         1 if s <= 1 else 0.1*m*ln(s) + 1; then multiplied by 1/(1 + 0.1*ln(factor)) to
                         cancel the magnitude ggml's rope applies itself (llama.cpp PR 17945); then by
-                        {arch}.rope.scaling.attn_factor (default 1). 1.0 without YaRN. For
-                        tiny-mistral3 (factor 16, multiplier 1): 1/(1 + 0.1 ln 16) = 0.78289.
-                        (llama.cpp's mistral3 graph computes this same value itself,
+                        {arch}.rope.scaling.attn_factor (default 1). 1.0 without YaRN. For the tiny
+                        YaRN fixture (factor 16, multiplier 1): 1/(1 + 0.1 ln 16) = 0.78289.
+                        (llama.cpp's graph of that architecture computes this same value itself,
                         1/(1 + 0.1 ln(1/freq_scale)), ignoring the context's.)
-    yarn_beta_fast      {arch}.rope.scaling.yarn_beta_fast, read for mistral3 only (default 32)
-    yarn_beta_slow      {arch}.rope.scaling.yarn_beta_slow, read for mistral3 only (default 1)
-    yarn_log_multiplier {arch}.rope.scaling.yarn_log_multiplier, read for mistral3 only (default 0)
-    attn_temp_scale     {arch}.attention.temperature_scale, mistral3 only (default 0 = off)
-    attn_temp_floor     the floor length of the temperature scaling: llama.cpp's mistral3 case sets
-                        n_attn_temp_floor_scale = n_ctx_orig_yarn (= yarn_orig_ctx; there is no key)
-                        when attn_temp_scale != 0, else 0. llama.cpp then scales q at position p by
-                        1 + attn_temp_scale * ln(floor((p + 0) / attn_temp_floor) + 1) (offset 0 for
-                        mistral3, llama-graph.cpp llm_graph_input_attn_temp)
     tied_output         no output.weight tensor: the output projection is token_embd
-    has_bias_qkv        attn_q/attn_k/attn_v biases present (every layer; required for qwen2)
-    has_bias_o          attn_output bias present (every layer; llama/mistral3 only)
+    has_bias_qkv        attn_q/attn_k/attn_v biases present (every layer, like layer 0, when the
+                        recipe's TENSORS allow them)
+    has_bias_o          attn_output bias present (likewise)
 
-    The gemma3 recipe (llama.cpp's LLM_ARCH_GEMMA3 hparams and llm_build_gemma3; defaults: off):
-    n_swa               {arch}.attention.sliding_window (required, > 0, for gemma3): a query at p
-                        attends p - n_swa + 1 .. p on the SWA layers (LLAMA_SWA_TYPE_STANDARD)
-    swa_layers          per layer, True for a sliding-window layer: il % 6 < 5 (set_swa_pattern(6))
-    rope_freq_base_swa  RoPE base of the SWA layers: 10000 (rope_freq_base_train_swa)
-    rope_freq_scale_swa RoPE frequency scale of the SWA layers: 1 (rope_freq_scale_train_swa)
+    Set by the recipe (its KEYS or derive(); the defaults, llama-hparams.h's, are "off"):
+    yarn_beta_fast      {arch}.rope.scaling.yarn_beta_fast (default 32)
+    yarn_beta_slow      {arch}.rope.scaling.yarn_beta_slow (default 1)
+    yarn_log_multiplier {arch}.rope.scaling.yarn_log_multiplier (default 0)
+    attn_temp_scale     {arch}.attention.temperature_scale (default 0 = off)
+    attn_temp_floor     the floor length of the temperature scaling (0 when off). llama.cpp then
+                        scales q at position p by 1 + attn_temp_scale * ln(floor((p +
+                        attn_temp_offset) / attn_temp_floor) + 1) (llama-graph.cpp
+                        llm_graph_input_attn_temp)
+    attn_temp_offset    f_attn_temp_offset, the position offset above (default 0)
+    n_swa               {arch}.attention.sliding_window: a query at p attends p - n_swa + 1 .. p on
+                        the SWA layers (LLAMA_SWA_TYPE_STANDARD); 0: no sliding window
+    swa_layers          per layer, True for a sliding-window layer (llama_hparams::is_swa)
+    rope_freq_base_swa  RoPE base of the SWA layers (rope_freq_base_train_swa)
+    rope_freq_scale_swa RoPE frequency scale of the SWA layers (rope_freq_scale_train_swa)
     attn_scale          f_attention_scale, float32: q is multiplied by it after RoPE and the
-                        softmax scale is 1 (0: none, the softmax scale is 1/sqrt(head_dim_k));
-                        gemma3: 1/sqrtf(n_embd / n_head) for the 27B (62 layers), else
-                        1/sqrtf(head_dim_k)
-    embd_scale          float32 sqrtf(n_embd): the token embeddings are multiplied by it (0: none)
-    has_qk_norm         RMS norms on each head of q and k after the projections (attn_q_norm,
-                        attn_k_norm: [head_dim_k] per layer)
-    has_post_norms      RMS norms on the attention and FFN outputs before their residual adds
-                        (post_attention_norm, post_ffw_norm)
-    ffn_act             "silu" (SwiGLU: silu(gate) * up) or "gelu" (GEGLU: ggml's GELU of gate * up)
+                        softmax scale is 1 (0: none, the softmax scale is 1/sqrt(head_dim_k))
+    embd_scale          float32: the token embeddings are multiplied by it (0: none)
+    has_qk_norm         the recipe's qk_norm: RMS norms on each head of q and k after the
+                        projections (attn_q_norm, attn_k_norm: [head_dim_k] per layer)
+    has_post_norms      the recipe's post_norms: RMS norms on the attention and FFN outputs before
+                        their residual adds (post_attention_norm, post_ffw_norm)
+    ffn_act             the recipe's: "silu" (SwiGLU: silu(gate) * up) or "gelu" (GEGLU: ggml's
+                        GELU of gate * up)
     """
 
     arch: str
@@ -133,14 +129,15 @@ class HParams:
     yarn_orig_ctx: int
     yarn_ext_factor: float
     yarn_attn_factor: float
-    yarn_beta_fast: float
-    yarn_beta_slow: float
-    yarn_log_multiplier: float
-    attn_temp_scale: float
-    attn_temp_floor: int
     tied_output: bool
     has_bias_qkv: bool
     has_bias_o: bool
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_log_multiplier: float = 0.0
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 0
+    attn_temp_offset: float = 0.0
     n_swa: int = 0
     swa_layers: tuple = ()
     rope_freq_base_swa: float = 0.0
@@ -164,16 +161,17 @@ class HParams:
     def from_gguf(cls, g: GGUFFile) -> HParams:
         """Read the hyper-parameters of an opened GGUF model and check its tensors (validate_tensors).
 
-        Raises SynapseError (naming the file) for: an architecture other than
-        llama / qwen2 / mistral3, a missing required key, a key of the wrong
+        Raises SynapseError (naming the file) for: an architecture not in
+        synapse_nb.arch.ARCHS, a missing required key, a key of the wrong
         type, a per-layer array with differing values, inconsistent values
         (n_head not a multiple of n_head_kv, n_rot != head_dim_k, ...), and any
         missing, unexpected or wrongly shaped tensor.
         """
         arch = g.arch  # STRING, as llama.cpp's get_key(LLM_KV_GENERAL_ARCHITECTURE, std::string)
-        if arch not in ROPE_TYPE:
+        module = ARCHS.get(arch)  # the architecture's keys, tensors and recipe
+        if module is None:
             raise SynapseError(
-                f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(ROPE_TYPE)})"
+                f"{g.path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})"
                 if arch is not None
                 else f"{g.path}: no general.architecture key: not a model file"
             )
@@ -183,9 +181,11 @@ class HParams:
         if n_layer <= 0:
             raise SynapseError(f"{g.path}: key {Keys.LLM.BLOCK_COUNT.format(arch=arch)} must be positive, got {n_layer}")
         # Before anything loops over the layers (per-layer keys included): a corrupt block_count
-        # (2**31) must not build tables of billions of entries. Each layer has at least 9 tensors,
-        # plus 2 global ones.
-        n_min = 9 * n_layer + 2
+        # (2**31) must not build tables of billions of entries. Each layer has at least the
+        # recipe's always-needed per-layer tensors, plus its always-needed global ones.
+        needed = [t for t in module.TENSORS if t.need == NEEDED and t.when is None]
+        n_per_layer = sum(t.name.startswith("blk.{i}.") for t in needed)
+        n_min = n_per_layer * n_layer + len(needed) - n_per_layer
         if len(g.tensors) < n_min:
             raise SynapseError(
                 f"{g.path}: key {Keys.LLM.BLOCK_COUNT.format(arch=arch)} = {n_layer} needs at least {n_min} "
@@ -233,11 +233,9 @@ class HParams:
         rope_freq_scale = 1.0 if factor == 0 or rope_scaling_type == "none" else float(f32(1) / f32(factor))
         yarn_orig_ctx = key.integer(Keys.Rope.SCALING_ORIG_CTX_LEN, 0) or n_ctx_train
 
-        is_mistral3 = arch == "mistral3"
-        yarn_beta_fast = key.number(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0) if is_mistral3 else 32.0
-        yarn_beta_slow = key.number(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0) if is_mistral3 else 1.0
-        log_mul = key.number(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0) if is_mistral3 else 0.0
-        attn_temp_scale = key.number(Keys.Attention.TEMPERATURE_SCALE, 0.0) if is_mistral3 else 0.0
+        # The recipe's own keys (HParams field -> value; the fields' defaults otherwise)
+        extra = {field: key.read(k) for field, k in module.KEYS.items()}
+        log_mul = extra.get("yarn_log_multiplier", cls.yarn_log_multiplier)
 
         # llama-context.cpp: effective YaRN extrapolation and attention factors (float32 arithmetic).
         yarn_ext_factor = 1.0 if rope_scaling_type == "yarn" else 0.0
@@ -262,27 +260,7 @@ class HParams:
         if not n_vocab:
             n_vocab = len(tokens) if tokens is not None else g.tensor("token_embd.weight").shape[0]
 
-        gemma = {}
-        if arch == "gemma3":
-            n_swa = key.integer(Keys.Attention.SLIDING_WINDOW)
-            if n_swa <= 0:
-                raise SynapseError(f"{g.path}: key {Keys.Attention.SLIDING_WINDOW.format(arch=arch)} = {n_swa}: gemma3 "
-                                   f"without a sliding window is not supported")
-            # llm_type 27B (62 layers) scales q by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
-            d = n_embd // n_head if n_layer == 62 else head_dim_k
-            gemma = dict(
-                n_swa=n_swa,
-                swa_layers=tuple(il % GEMMA3_SWA_PATTERN < GEMMA3_SWA_PATTERN - 1 for il in range(n_layer)),
-                rope_freq_base_swa=GEMMA3_ROPE_FREQ_BASE_SWA,
-                rope_freq_scale_swa=1.0,
-                attn_scale=float(f32(1.0) / np.sqrt(f32(d))),
-                embd_scale=float(np.sqrt(f32(n_embd))),
-                has_qk_norm=True,
-                has_post_norms=True,
-                ffn_act="gelu",
-            )
-        t = g.tensors
-        hp = cls(
+        common = dict(
             arch=arch,
             name=g.get(Keys.General.NAME, VT.STRING, ""),
             n_vocab=n_vocab,
@@ -295,24 +273,29 @@ class HParams:
             n_ff=n_ff,
             n_ctx_train=n_ctx_train,
             rms_eps=key.number(Keys.Attention.LAYERNORM_RMS_EPS),
-            rope_type=ROPE_TYPE[arch],
             n_rot=n_rot,
             rope_freq_base=key.number(Keys.Rope.FREQ_BASE, 10000.0),
             rope_scaling_type=rope_scaling_type,
             rope_freq_scale=rope_freq_scale,
-            has_rope_freqs="rope_freqs.weight" in t,
             yarn_orig_ctx=yarn_orig_ctx,
             yarn_ext_factor=yarn_ext_factor,
             yarn_attn_factor=float(attn_factor),
-            yarn_beta_fast=yarn_beta_fast,
-            yarn_beta_slow=yarn_beta_slow,
-            yarn_log_multiplier=log_mul,
-            attn_temp_scale=attn_temp_scale,
-            attn_temp_floor=yarn_orig_ctx if attn_temp_scale != 0 else 0,
+        )
+        derived = module.derive({**common, **extra}, g.path)
+        t = g.tensors
+        recipe = module.RECIPE
+        hp = cls(
+            **common,
+            **extra,
+            **derived,
+            rope_type=recipe.rope_type,
+            has_qk_norm=recipe.qk_norm,
+            has_post_norms=recipe.post_norms,
+            ffn_act=recipe.ffn_act,
+            has_rope_freqs="rope_freqs.weight" in t,
             tied_output="output.weight" not in t,
             has_bias_qkv="blk.0.attn_q.bias" in t,
             has_bias_o="blk.0.attn_output.bias" in t,
-            **gemma,
         )
         validate_tensors(g, hp)
         return hp
@@ -342,53 +325,24 @@ class _KeyReader:
     def string(self, template, default=REQUIRED) -> str:
         return self.g.get(template.format(arch=self.arch), VT.STRING, default)
 
+    def read(self, k) -> int | float | str:
+        """The value of an architecture's key k (synapse_nb.arch.recipe.Key)."""
+        return getattr(self, k.kind)(k.template, k.default)
+
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """name -> (shape in numpy order, required) for every tensor an arch may have.
-
-    From llama-model.cpp load_tensors (LLM_ARCH_LLAMA / MISTRAL3 share one list;
-    QWEN2 requires Q/K/V biases and has no attn_output bias or rope_freqs; GEMMA3 has no biases
-    nor rope_freqs, and per-head Q/K norms and post-attention / post-FFN norms).
-    """
-    E, F, L = hp.n_embd, hp.n_ff, hp.n_layer
-    q, kv, o = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head * hp.head_dim_v
-    v = hp.n_head_kv * hp.head_dim_v
-    qwen2 = hp.arch == "qwen2"
-    gemma3 = hp.arch == "gemma3"
-    bias_qkv = qwen2 or hp.has_bias_qkv
-    exp = {
-        "token_embd.weight": ((hp.n_vocab, E), True),
-        "output_norm.weight": ((E,), True),
-        "output.weight": ((hp.n_vocab, E), False),
-    }
-    if not qwen2 and not gemma3:
-        exp["rope_freqs.weight"] = ((hp.n_rot // 2,), False)
-    for i in range(L):
-        b = f"blk.{i}."
-        exp.update({
-            b + "attn_norm.weight": ((E,), True),
-            b + "attn_q.weight": ((q, E), True),
-            b + "attn_k.weight": ((kv, E), True),
-            b + "attn_v.weight": ((v, E), True),
-            b + "attn_output.weight": ((E, o), True),
-            b + "ffn_norm.weight": ((E,), True),
-            b + "ffn_gate.weight": ((F, E), True),
-            b + "ffn_up.weight": ((F, E), True),
-            b + "ffn_down.weight": ((E, F), True),
-        })
-        if gemma3:
-            exp.update({
-                b + "attn_q_norm.weight": ((hp.head_dim_k,), True),
-                b + "attn_k_norm.weight": ((hp.head_dim_k,), True),
-                b + "post_attention_norm.weight": ((E,), True),
-                b + "post_ffw_norm.weight": ((E,), True),
-            })
-            continue
-        # Biases: all-or-none, like layer 0 (has_bias_*), so the graph can rely on the flags.
-        for name, shape in (("attn_q.bias", (q,)), ("attn_k.bias", (kv,)), ("attn_v.bias", (v,))):
-            exp[b + name] = (shape, True) if bias_qkv else None
-        exp[b + "attn_output.bias"] = ((E,), True) if hp.has_bias_o and not qwen2 else None
-    return {k: v for k, v in exp.items() if v is not None}
+    """name -> (shape in numpy order, required) for every tensor the model may have: its
+    architecture's TENSORS (synapse_nb.arch), global ones first, then layer by layer; a tensor
+    whose `when` flag is unset is left out (not expected: refused when present)."""
+    d = dims(hp)
+    glob, per_layer = [], []
+    for t in ARCHS[hp.arch].TENSORS:
+        if t.when is None or getattr(hp, t.when):
+            (per_layer if t.name.startswith("blk.{i}.") else glob).append(t)
+    exp = {t.name: (tuple(d[n] for n in t.shape), t.need == NEEDED) for t in glob}
+    for i in range(hp.n_layer):
+        exp.update({t.name.format(i=i): (tuple(d[n] for n in t.shape), t.need == NEEDED) for t in per_layer})
+    return exp
 
 
 def validate_tensors(g: GGUFFile, hp: HParams) -> None:

@@ -1,14 +1,15 @@
-"""The Llama-family graph (arch llama, qwen2, mistral3, gemma3) as llama.cpp's CPU backend runs it.
+"""The Llama-family graph (every architecture of synapse_nb.arch) as llama.cpp's CPU backend runs it.
 
-Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/llama.cpp, qwen2.cpp,
-mistral3.cpp, gemma3.cpp and llama-graph.cpp (build_qkv, build_attn, build_attn_mha, build_ffn),
-with flash attention off and an F16 KV cache. One forward over a batch of tokens: the embedding,
-the transformer blocks (one compiled loop, synapse_nb.kernels.graph.layers, a comment per step),
-the head; every buffer is allocated once per session (ForwardState) and the KV cache once
-(KVCache). Gemma 3's extra steps (embeddings scaled by sqrt(n_embd), per-head Q/K RMS norms,
-post-attention / post-FFN norms, GEGLU, q scaled by f_attention_scale, the sliding window and the
-SWA layers' RoPE base) are recipe values of the HParams (hparams.py) that the layer loop reads,
-not an arch test.
+Reproduces llama.cpp (vendored in llama-cpp-python 0.3.36): src/models/<arch>.cpp (the graph
+builder of each architecture of synapse_nb.arch) and llama-graph.cpp (build_qkv, build_attn,
+build_attn_mha, build_ffn), with flash attention off and an F16 KV cache. One forward over a
+batch of tokens: the embedding, the transformer blocks (one compiled loop,
+synapse_nb.kernels.graph.layers, a comment per step), the head; every buffer is allocated once
+per session (ForwardState) and the KV cache once (KVCache). What differs between architectures
+(biases, RoPE mode and scaling, the attention temperature, Q/K and post norms, SwiGLU or GEGLU,
+the embedding and attention scales, the sliding window and its RoPE base) is the recipe read
+into HParams (synapse_nb.arch, hparams.py), given to the loop as a record (graph.Block) and
+per-layer vectors: no step tests an architecture's name.
 
 Where each number is rounded:
   - weights stay in their GGUF blocks; matmul/get_rows (synapse_nb.kernels) convert activations
@@ -63,7 +64,7 @@ class LayerWeights:
     wk: BoundWeight  # (n_head_kv * head_dim_k, n_embd)
     wv: BoundWeight  # (n_head_kv * head_dim_v, n_embd)
     wo: BoundWeight  # (n_embd, n_head * head_dim_v)
-    bq: np.ndarray | None  # qwen2 biases, float32
+    bq: np.ndarray | None  # Q, K, V, output biases (float32 [rows]), when the model has them
     bk: np.ndarray | None
     bv: np.ndarray | None
     bo: np.ndarray | None
@@ -71,10 +72,10 @@ class LayerWeights:
     w_gate: BoundWeight  # (n_ff, n_embd)
     w_up: BoundWeight  # (n_ff, n_embd)
     w_down: BoundWeight  # (n_embd, n_ff)
-    q_norm: np.ndarray | None = None  # gemma3: float32 [head_dim_k], RMS norm of each q head
-    k_norm: np.ndarray | None = None  # gemma3: float32 [head_dim_k], of each k head
-    post_attn_norm: np.ndarray | None = None  # gemma3: float32 [n_embd], on the attention output
-    post_ffn_norm: np.ndarray | None = None  # gemma3: float32 [n_embd], on the FFN output
+    q_norm: np.ndarray | None = None  # recipe qk_norm: float32 [head_dim_k], RMS norm of each q head
+    k_norm: np.ndarray | None = None  # recipe qk_norm: float32 [head_dim_k], of each k head
+    post_attn_norm: np.ndarray | None = None  # recipe post_norms: float32 [n_embd], on the attention output
+    post_ffn_norm: np.ndarray | None = None  # recipe post_norms: float32 [n_embd], on the FFN output
 
 
 @dataclass(frozen=True)
@@ -147,18 +148,26 @@ class Model:
         lo, hi = _ops.rope_corr_dims(hp.n_rot, hp.yarn_orig_ctx, f32(hp.rope_freq_base),
                                      f32(hp.yarn_beta_fast), f32(hp.yarn_beta_slow))
         self._corr_dims = (f32(lo), f32(hi))
-        # The SWA layers' RoPE (gemma3: llama_model::get_rope_freq_base / _scale of an SWA layer)
+        # The SWA layers' RoPE (llama_model::get_rope_freq_base / _scale of an SWA layer)
         if hp.n_swa > 0:
             self._theta_scale_swa = _ops.rope_theta_scale(f32(hp.rope_freq_base_swa), hp.n_rot)
             lo, hi = _ops.rope_corr_dims(hp.n_rot, hp.yarn_orig_ctx, f32(hp.rope_freq_base_swa),
                                          f32(hp.yarn_beta_fast), f32(hp.yarn_beta_slow))
             self._corr_dims_swa = (f32(lo), f32(hi))
         if hp.attn_scale != 0.0:
-            # gemma3: q *= f_attention_scale before build_attn, whose kq_scale is 1.0f
-            self._q_scale, self._kq_scale = f32(hp.attn_scale), f32(1.0)
+            # q *= f_attention_scale before build_attn, whose kq_scale is 1.0f
+            q_scale, self._kq_scale = f32(hp.attn_scale), f32(1.0)
         else:
-            self._q_scale = f32(0.0)
+            q_scale = f32(0.0)
             self._kq_scale = f32(1.0) / f32(math.sqrt(f32(hp.head_dim_k)))  # 1.0f/sqrtf(float(n_embd_head))
+        # The block recipe as the compiled loop reads it (exact types: one loop for every model)
+        self.block = _graph.Block(
+            n_head=int(hp.n_head), n_head_kv=int(hp.n_head_kv), head_dim_k=int(hp.head_dim_k), n_rot=int(hp.n_rot),
+            neox=hp.rope_type == "neox", eps=f32(hp.rms_eps), kq_scale=self._kq_scale, q_scale=q_scale,
+            attn_temp=bool(hp.attn_temp_scale != 0.0), has_bias_qkv=bool(hp.has_bias_qkv),
+            has_bias_o=bool(hp.has_bias_o), has_qk_norm=bool(hp.has_qk_norm), has_post_norms=bool(hp.has_post_norms),
+            geglu=hp.ffn_act == "gelu")
+        self._block_args = tuple(self.block)  # as graph.layers takes it
 
     @property
     def tokenizer(self):
@@ -170,8 +179,8 @@ class Model:
         return self._tokenizer
 
     def _position_inputs(self, st: ForwardState, pos: np.ndarray) -> None:
-        """Per-row inputs of the graph for rows at positions pos (int64 [n]): the RoPE cos/sin table
-        and mistral3's q temperature."""
+        """Per-row inputs of the graph for rows at positions pos (int64 [n]): the RoPE cos/sin tables
+        and the q temperature (when the recipe has one)."""
         hp = self.hparams
         f32 = np.float32
         n = len(pos)
@@ -187,7 +196,7 @@ class Model:
             # llm_graph_input_attn_temp::set_input: float position, float division by the floor
             # length, then log(floor(.) + 1.0) * scale + 1.0 in double, stored as float
             for t in range(n):
-                r = f32(f32(pos[t]) + f32(0.0)) / f32(hp.attn_temp_floor)
+                r = f32(f32(pos[t]) + f32(hp.attn_temp_offset)) / f32(hp.attn_temp_floor)
                 st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
 
     def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,
@@ -264,9 +273,9 @@ class Model:
         # guaranteed by the caller and ForwardState.
         self.weights.tok_embd.get_rows(tokens, acts[0])
         if self.hparams.embd_scale != 0.0:
-            # gemma3: ggml_scale(inpL, sqrtf(n_embd)), one float product per value
+            # ggml_scale(inpL, embd_scale), one float product per value
             acts[0][...] *= np.float32(self.hparams.embd_scale)
-        # Positions: RoPE cos/sin table (and mistral3's attention temperature) per row
+        # Positions: RoPE cos/sin tables (and the attention temperature) per row
         self._position_inputs(st, pos)
         # The transformer blocks, in one compiled loop (kernels/graph.py: each step of a block
         # there, as llama.cpp's build_attn / build_ffn; its kernels in the tables built here)
@@ -280,16 +289,14 @@ class Model:
         return self.weights.output.matmul(h)
 
     def _layers_args(self, st, kc, vc, acts, segs, mt, rk, want_logits, all_logits) -> tuple:
-        """graph.layers' arguments for the rows acts of st in segments segs (tables mt, rk)."""
-        hp = self.hparams
+        """graph.layers' arguments for the rows acts of st in segments segs (tables mt, rk), grouped
+        as layers takes them."""
         tabs = self._graph_tables()
         n = len(acts[0])
         if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
             st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
-        return (*acts, st.rope[:n], st.temp[:n], st.abuf, mt, rk, tabs.norms, *tabs.biases, kc, vc,
-                st.attn_ws.buf, segs, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.n_rot, hp.rope_type == "neox",
-                np.float32(hp.rms_eps), self._kq_scale, hp.attn_temp_scale != 0.0, want_logits, all_logits,
-                tabs.qk_norms, tabs.post_norms, tabs.swa, st.rope_swa[:n], self._q_scale, tabs.gelu_table)
+        return (acts, (st.rope[:n], st.rope_swa[:n], st.temp[:n]), (kc, vc), (st.abuf, st.attn_ws.buf), (mt, rk),
+                tabs.vector_args, segs, self._block_args, want_logits, all_logits)
 
     def compile_layers(self, st: ForwardState, cache: KVCache) -> None:
         """Compile (or load from the cache) graph.layers for this model's forwards, without running
@@ -313,7 +320,7 @@ class Model:
 def load_model(path) -> Model:
     """Open a GGUF model file and read its hyper-parameters and weight table (nothing dequantized).
 
-    path: str or Path of a GGUF file of arch llama, qwen2, mistral3 or gemma3.
+    path: str or Path of a GGUF file of an architecture of synapse_nb.arch.ARCHS.
     Returns a Model. Raises SynapseError (one line naming the file) for unreadable files,
     unsupported architectures, missing keys, or missing / misshapen tensors.
     """

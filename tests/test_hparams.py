@@ -84,6 +84,54 @@ def test_real_model_hparams(name, expected):
     assert {k: getattr(hp, k) for k in expected} == expected
 
 
+# ---------------------------------------------------------------- architectures (synapse_nb.arch)
+
+def test_rope_types_are_llama_cpps():
+    # llama.cpp src/llama-model.cpp llama_model_rope_type, written out: LLM_ARCH_LLAMA and
+    # LLM_ARCH_MISTRAL3 return LLAMA_ROPE_TYPE_NORM, LLM_ARCH_QWEN2 and LLM_ARCH_GEMMA3 LLAMA_ROPE_TYPE_NEOX.
+    from synapse_nb.arch import ARCHS
+
+    assert {name: m.RECIPE.rope_type for name, m in ARCHS.items()} == {
+        "llama": "norm", "mistral3": "norm", "qwen2": "neox", "gemma3": "neox"}
+    assert all(m.NAME == name for name, m in ARCHS.items())
+
+
+def test_unsupported_architecture_lists_the_registry(tmp_path):
+    from synapse_nb.arch import ARCHS
+
+    path = _patch_key(tmp_path, tiny("tiny-llama-f32"), "general.architecture", 4, b"gpt2x")
+    assert_error(path, f"(supported: {', '.join(ARCHS)})")
+
+
+def test_a_new_architecture_is_one_module(tmp_path, monkeypatch):
+    """An architecture whose blocks are a recipe of the existing steps is one module registered in
+    synapse_nb.arch.ARCHS; nothing else names it. tiny-llama renamed "llamb" (general.architecture
+    and every llama.* key), with a module of llama's keys, tensors and recipe, loads and runs as
+    tiny-llama, bit for bit."""
+    import dataclasses
+    import types
+
+    from synapse_nb import arch
+    from synapse_nb.arch import llama
+    from synapse_nb.model import load_model
+    from synapse_nb.session import Session
+
+    src = tiny("tiny-llama-q8_0")
+    r = GGUFReader(src)
+    patches = [(part_offset(r, f.parts[1]), b"llamb") for f in r.fields.values() if f.name.startswith("llama.")]
+    patches.append((part_offset(r, r.fields["general.architecture"].parts[4]), b"llamb"))
+    path = damaged_copy(src, tmp_path / "tiny-llamb.gguf", patches)
+    with pytest.raises(SynapseError, match="unsupported architecture 'llamb'"):
+        HParams.from_gguf(open_gguf(path))
+    monkeypatch.setitem(arch.ARCHS, "llamb", types.SimpleNamespace(
+        NAME="llamb", RECIPE=llama.RECIPE, KEYS=llama.KEYS, TENSORS=llama.TENSORS, derive=llama.derive))
+    m, ref = load_model(path), load_model(src)
+    assert m.hparams.arch == "llamb" and dataclasses.replace(m.hparams, arch="llama") == ref.hparams
+    tokens = np.array([1, 17, 42, 99, 7], np.int64)
+    out, want = (Session(x, n_ctx=16, n_batch=4, n_threads=1).eval(tokens, all_logits=True) for x in (m, ref))
+    assert out.tobytes() == want.tobytes()
+
+
 # ---------------------------------------------------------------- bad models
 
 def _patch_key(tmp_path, src, key, part, data):

@@ -153,3 +153,29 @@ def test_compile_layers_compiles_the_signature_the_forward_calls():
     s.eval(np.arange(1, 7, dtype=np.int64))
     s.eval(np.array([3], np.int64))
     assert len(graph.layers.signatures) == 1
+
+
+def test_one_layer_loop_for_every_architecture():
+    """Every architecture's recipe reaches graph.layers as values of the same types (graph.Block,
+    LayerVectors), so one compiled loop serves them all: compile_layers for a model of each
+    architecture (tiny fixtures; Gemma 3 real) leaves one signature."""
+    from pathlib import Path
+
+    from conftest import real_model
+
+    from synapse_nb.arch import ARCHS
+    from synapse_nb.kernels import graph
+    from synapse_nb.model import load_model
+    from synapse_nb.session import Session
+
+    tiny = Path(__file__).parent / "data" / "tiny"
+    paths = [tiny / f"{n}.gguf" for n in ("tiny-llama-q4_0", "tiny-llama3-q4_k_m", "tiny-qwen2-q4_k_m",
+                                           "tiny-mistral3-q4_k_m")] + [real_model("gemma-3-270m-q4_k_m")]
+    archs = set()
+    for path in paths:
+        m = load_model(path)
+        archs.add(m.hparams.arch)
+        s = Session(m, n_ctx=8, n_batch=2, n_threads=1)
+        m.compile_layers(s.state, s.cache)
+    assert archs == set(ARCHS)
+    assert len(graph.layers.signatures) == 1

@@ -23,7 +23,8 @@ def test_wheel_contents(tmp_path):
     assert not any(n.startswith("cli/") for n in names)  # no top-level package named `cli`
     assert models_txt == (ROOT / "models.txt").read_text()  # the file itself, not a link
     assert "llama-decode = synapse_nb.cli.main:main" in entry_points
-    assert {"synapse_nb/kernels/matmul.py", "synapse_nb/tokenizer/core.py"} <= names
+    assert {"synapse_nb/kernels/matmul.py", "synapse_nb/tokenizer/core.py", "synapse_nb/arch/llama.py",
+            "synapse_nb/grammar/gbnf.py"} <= names
     # the server and its chat page (package data: a non-editable install serves it too)
     assert {"synapse_nb/server/app.py", "synapse_nb/cli/server.py", "synapse_nb/server/static/index.html"} <= names
 

@@ -1,16 +1,20 @@
 """The transformer blocks of the forward as one compiled loop over tables of kernels.
 
 ``layers`` runs every block of the graph on n token rows (a prefill batch or a decode row), as
-Model.forward did step by step in Python: one call per forward instead of about twenty Python
-calls per layer (their dispatch and glue were ~0.5 ms of a 4 ms SmolLM2 decode token). It calls
-the same kernels, with the same arguments, in the same order, so every output is the bytes the
-Python loop gave; it only does the glue itself (bias adds, residual adds, the attention
-temperature, the last layer's choice of rows), in float32 as numpy did.
+llama.cpp's graph builders do (build_attn, build_ffn; src/models/<arch>.cpp): one call per
+forward, not about twenty Python calls per layer (their dispatch and glue were ~0.5 ms of a
+4 ms SmolLM2 decode token). It calls the kernels and does the glue itself (bias adds, residual
+adds, the attention temperature, the last layer's choice of rows) in float32 in ggml's order.
 
-The kernels are called through their addresses (kernels/native.py): ``Tables`` holds them, with
-the weights' addresses and shapes, in int64 arrays built once per model and batch kind from
-bound (validated) weights; the loop itself is compiled once, for every model and batch size.
+Which steps a block has is the model's recipe (synapse_nb.arch, read into HParams), given to the
+loop as a small record (Block) and per-layer vectors (LayerVectors), never as an architecture
+name: every model runs the same compiled loop. The kernels are called through their addresses
+(kernels/native.py): ``Tables`` holds them, with the weights' addresses and shapes, in int64
+arrays built once per model and batch kind from bound (validated) weights; the loop itself is
+compiled once, for every model and batch size.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, types
@@ -65,6 +69,54 @@ KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
 # at every call: ~27 us a forward for seven of them)
 _K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_GEGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
+
+
+class Block(NamedTuple):
+    """A model's block recipe as ``layers`` reads it: scalars and flags, fixed per model.
+
+    Built by Model from its HParams with these exact types (int, bool, numpy.float32), so that
+    Numba types it alike for every model and one compiled loop serves all of them. ``layers``
+    takes it as a plain tuple (tuple(block): Numba types a named tuple by its field names too,
+    ~2 us more a call) and unpacks it in this field order.
+    """
+
+    n_head: int  # query heads
+    n_head_kv: int  # K/V heads
+    head_dim_k: int
+    n_rot: int  # rotated dimensions of a head (= head_dim_k)
+    neox: bool  # RoPE pairs (i, i + n_rot/2) (LLAMA_ROPE_TYPE_NEOX), else (2i, 2i+1)
+    eps: np.float32  # RMS norms' epsilon
+    kq_scale: np.float32  # the softmax's scale of q.k (build_attn's kq_scale)
+    q_scale: np.float32  # q *= q_scale after RoPE (f_attention_scale); 0: none
+    attn_temp: bool  # q scaled by its row's attention temperature after RoPE (inputs' temp)
+    has_bias_qkv: bool  # Q, K, V biases added after the projections
+    has_bias_o: bool  # output projection bias
+    has_qk_norm: bool  # RMS norm of each q and k head after the projections (and biases)
+    has_post_norms: bool  # RMS norms of the attention and FFN outputs before their residual adds
+    geglu: bool  # FFN GEGLU (ggml's F16-table GELU of gate, times up), else SwiGLU
+
+
+class LayerVectors(NamedTuple):
+    """A model's vectors per layer (and the GELU table), as ``layers`` reads them (as a plain
+    tuple, unpacked in this field order, like Block).
+
+    norms       float32 [n_layer, 2, n_embd]: attn_norm, ffn_norm
+    qk_norms    float32 [n_layer, 2, head_dim_k]: attn_q_norm, attn_k_norm ([n_layer, 0, 1] without)
+    post_norms  float32 [n_layer, 2, n_embd]: post_attention_norm, post_ffw_norm ([n_layer, 0, 1])
+    bias_q, bias_k, bias_v, bias_o  float32 [n_layer, d] ([n_layer, 0] without)
+    swa         int64 [n_layer]: each layer's sliding window (0: full attention)
+    gelu_table  float32 [65536] (ops.gelu_table) for a GEGLU FFN, else [0]
+    """
+
+    norms: np.ndarray
+    qk_norms: np.ndarray
+    post_norms: np.ndarray
+    bias_q: np.ndarray
+    bias_k: np.ndarray
+    bias_v: np.ndarray
+    bias_o: np.ndarray
+    swa: np.ndarray
+    gelu_table: np.ndarray
 
 
 @njit(cache=True, error_model="numpy")
@@ -141,9 +193,7 @@ def _scale_rows(y, s):
 
 
 @njit(cache=True, error_model="numpy")
-def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norms, bias_q, bias_k, bias_v, bias_o,
-           kc, vc, ws, segs, n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, attn_temp, want_logits,
-           all_logits, qk_norms, post_norms, swa, rope_swa, q_scale, gelu_table):
+def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, all_logits):
     """Every transformer block on the n rows of x, appending each row's K/V to its sequence's cache.
 
     The rows are segments of one or more sequences, segs: int64 [n_seg, SEG_FIELDS] (first row,
@@ -152,28 +202,29 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
     attention run per segment on that sequence's cache kc[slot], vc[slot] over its positions
     0..pos, exactly as for the sequence alone.
 
-    x, h, q, k, v, attn, o, gate, up, act: float32 [n, .] C, ForwardState's rows (x the residual
-    stream, in and out; separate arguments: a tuple would be typed by Python code at every call).
-    rope: float32 [n, n_rot] cos/sin; temp: float32 [n, 1], mistral3's q temperature (read when
-    attn_temp). abuf: uint8 [7, >= n * act_row_bytes], converted activations. mt: int64
-    [n_layer, 7, ENTRY_FIELDS] matmul entries; rk: int64 [2, ROW_KERNELS] row kernels (Tables).
-    norms: float32 [n_layer, 2, n_embd] (attn, ffn); bias_*: float32 [n_layer, d] (qwen2) or
-    [n_layer, 0] (none).
-    kc, vc: uint16 [n_slot, n_layer, ...], the KV caches of the slots (each one session.KVCache's
-    5-D arrays); ws: the attention Workspace's buffer. Stops after the last layer's K/V are stored
-    when not want_logits; with one segment, all_logits false and n > 1, the last layer after its
-    K/V goes on with the last row only (llama.cpp's inp_out_ids; rows are independent); with
-    several segments every row goes on (the caller picks the rows it wants).
+    acts: (x, h, q, k, v, attn, o, gate, up, act), float32 [n, .] C, ForwardState's rows (x the
+    residual stream, in and out). inputs: (rope, rope_swa, temp), float32 [n, .] per row: the
+    RoPE cos/sin [n, n_rot] of the full-attention layers and of the sliding-window ones, the q
+    temperature [n, 1] (read when blk.attn_temp). cache: (kc, vc), uint16 [n_slot, n_layer, ...],
+    the KV caches of the slots (each one session.KVCache's 5-D arrays). scratch: (abuf, ws): uint8
+    [7, >= n * act_row_bytes], the converted activations, and the attention Workspace's buffer.
+    kernels: (mt, rk) (Tables): int64 [n_layer, 7, ENTRY_FIELDS] matmul entries and int64
+    [2, ROW_KERNELS] row kernels. vecs: tuple(LayerVectors); blk: tuple(Block), the recipe (which
+    steps run).
 
-    The recipe values of Gemma 3 (llm_build_gemma3; each off for the other models): qk_norms
-    float32 [n_layer, 2, head_dim_k] (q, k: RMS norm of each head after the projections) or
-    [n_layer, 0, .]; post_norms float32 [n_layer, 2, n_embd] (RMS norms of the attention and FFN
-    outputs before their residual adds) or [n_layer, 0, .]; swa int64 [n_layer], the sliding window
-    of each layer (0: full attention), passed to the attention kernel; a layer with a window takes
-    its RoPE from rope_swa (float32 [n, n_rot], the SWA layers' base) instead of rope; q_scale
-    (float32, 0: none) multiplies q after RoPE; gelu_table float32 [65536] (ops.gelu_table) makes
-    the FFN GEGLU (rk's SWIGLU column then holds the geglu kernel), [0] SwiGLU.
+    Stops after the last layer's K/V are stored when not want_logits; with one segment,
+    all_logits false and n > 1, the last layer after its K/V goes on with the last row only
+    (llama.cpp's inp_out_ids; rows are independent); with several segments every row goes on (the
+    caller picks the rows it wants).
     """
+    x, h, q, k, v, attn, o, gate, up, act = acts
+    rope, rope_swa, temp = inputs
+    kc, vc = cache
+    abuf, ws = scratch
+    mt, rk = kernels
+    (n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, q_scale, attn_temp, has_bias_qkv, has_bias_o,
+     has_qk_norm, has_post_norms, geglu) = blk  # Block's fields, in order
+    norms, qk_norms, post_norms, bias_q, bias_k, bias_v, bias_o, swa, gelu_table = vecs  # LayerVectors' fields
     n = x.shape[0]
     n_layer = mt.shape[0]
     n_seg = segs.shape[0]
@@ -182,29 +233,29 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
         one = n == 0  # False: a run-time bool, not the literal, so each helper compiles once
         # Attention RMSNorm: x / sqrt(mean(x^2) + eps) * attn_norm
         call_at(_K_RMS, rk[0, RMS], h, x, norms[il, 0], eps)
-        # Q, K, V projections (+ biases: qwen2); h is converted once for the weights sharing it
+        # Q, K, V projections (+ biases); h is converted once for the weights sharing it
         if n == 1 and e[WQ, FUSE] != 0:
             _matvecs(e[WQ], e[WK], e[WV], e[WQ, FUSE], one, q, k, v, h, abuf)
         else:
             _matmul(e[WQ], one, q, h, abuf)
             _matmul(e[WK], one, k, h, abuf)
             _matmul(e[WV], one, v, h, abuf)
-        if bias_q.shape[1] > 0:
+        if has_bias_qkv:
             _add_rows(q, bias_q[il])
             _add_rows(k, bias_k[il])
             _add_rows(v, bias_v[il])
-        # gemma3: RMS norm of each q and k head (attn_q_norm, attn_k_norm)
-        if qk_norms.shape[1] > 0:
+        # RMS norm of each q and k head (attn_q_norm, attn_k_norm)
+        if has_qk_norm:
             _head_norms(rk[0, RMS], q, n_head, head_dim_k, qk_norms[il, 0], eps)
             _head_norms(rk[0, RMS], k, n_head_kv, head_dim_k, qk_norms[il, 1], eps)
         # RoPE on q and k (normal: pairs (2i, 2i+1); NEOX: (i, i + n_rot/2)); an SWA layer's own table
         rp = rope_swa if swa[il] > 0 else rope
         call_at(_K_ROPE, rk[0, ROPE], q, rp, n_head, head_dim_k, n_rot, neox)
         call_at(_K_ROPE, rk[0, ROPE], k, rp, n_head_kv, head_dim_k, n_rot, neox)
-        # mistral3: q scaled by the attention temperature of its position (after RoPE)
+        # q scaled by the attention temperature of its position (after RoPE)
         if attn_temp:
             _scale_rows(q, temp)
-        # gemma3: q scaled by f_attention_scale (the softmax's kq_scale is then 1)
+        # q scaled by f_attention_scale (the softmax's kq_scale is then 1)
         if q_scale != 0:
             _scale_all(q, q_scale)
         # Append k, v to each sequence's cache of this layer as F16
@@ -233,28 +284,28 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
                         segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws, swa[il])
         # Output projection (+ bias)
         _matmul(e[WO], one, o, attn, abuf)
-        if bias_o.shape[1] > 0:
+        if has_bias_o:
             _add_rows(o, bias_o[il])
-        # gemma3: RMS norm of the attention output (post_attention_norm)
-        if post_norms.shape[1] > 0:
+        # RMS norm of the attention output (post_attention_norm)
+        if has_post_norms:
             call_at(_K_RMS, rk[r, RMS], o, o, post_norms[il, 0], eps)
         # Residual: ffn_inp = attn_out + x
         _add_rows_2d(x, o)
         # FFN RMSNorm
         call_at(_K_RMS, rk[r, RMS], h, x, norms[il, 1], eps)
-        # SwiGLU FFN: down(silu(gate(h)) * up(h))
+        # FFN: down(silu(gate(h)) * up(h)) (SwiGLU) or down(gelu(gate(h)) * up(h)) (GEGLU)
         if (one or n == 1) and e[WGATE, FUSE] != 0:
             _matvecs(e[WGATE], e[WUP], e[WUP], e[WGATE, FUSE], one, gate, up, up, h, abuf)
         else:
             _matmul(e[WGATE], one, gate, h, abuf)
             _matmul(e[WUP], one, up, h, abuf)
-        if gelu_table.shape[0] > 0:  # gemma3: GEGLU, ggml's F16-table GELU of gate, times up
+        if geglu:  # ggml's F16-table GELU of gate, times up
             call_at(_K_GEGLU, rk[r, SWIGLU], act, gate, up, gelu_table)
         else:
             call_at(_K_SWIGLU, rk[r, SWIGLU], act, gate, up)
         _matmul(e[WDOWN], one, o, act, abuf)
-        # gemma3: RMS norm of the FFN output (post_ffw_norm)
-        if post_norms.shape[1] > 0:
+        # RMS norm of the FFN output (post_ffw_norm)
+        if has_post_norms:
             call_at(_K_RMS, rk[r, RMS], o, o, post_norms[il, 1], eps)
         # Residual: x = ffn_out + ffn_inp
         _add_rows_2d(x, o)
@@ -263,36 +314,37 @@ def layers(x, h, q, k, v, attn, o, gate, up, act, rope, temp, abuf, mt, rk, norm
 class Tables:
     """What ``layers`` needs of a model besides the rows it runs on: the matmul tables (one per
     batch kind, built on first use, compiling or loading only the kernels that kind calls), the
-    row-kernel tables, and norms and biases stacked per layer.
+    row-kernel tables, and the per-layer vectors (``vectors``: LayerVectors).
 
     layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
-    shapes are the bytes of the tensor); hp: its HParams, for the recipe values (``layers``' qk_norms,
-    post_norms, swa, gelu_table). The arrays here are made once; the caller keeps the weights alive.
+    shapes are the bytes of the tensor); hp: its HParams, for the recipe values (its norms and
+    biases present, sliding-window layers, FFN activation). The arrays here are made once; the
+    caller keeps the weights alive.
     """
 
     def __init__(self, layer_weights, hp):
         self._layers = layer_weights
-        L0 = layer_weights[0]
         n_layer = len(layer_weights)
-        self.norms = np.ascontiguousarray(np.stack([np.stack([L.attn_norm, L.ffn_norm]) for L in layer_weights]),
-                                          dtype=np.float32)
-        self.qk_norms = (np.ascontiguousarray(np.stack([np.stack([L.q_norm, L.k_norm]) for L in layer_weights]),
-                                              dtype=np.float32)
-                         if hp.has_qk_norm else np.zeros((n_layer, 0, 1), np.float32))
-        self.post_norms = (np.ascontiguousarray(np.stack([np.stack([L.post_attn_norm, L.post_ffn_norm])
-                                                          for L in layer_weights]), dtype=np.float32)
-                           if hp.has_post_norms else np.zeros((n_layer, 0, 1), np.float32))
-        self.swa = np.array([hp.n_swa if hp.is_swa(il) else 0 for il in range(n_layer)], np.int64)
+
+        def stacked(*names):
+            """float32 C [n_layer, d] (one name) or [n_layer, len(names), d]: LayerWeights' vectors."""
+            rows = [getattr(L, names[0]) if len(names) == 1 else np.stack([getattr(L, a) for a in names])
+                    for L in layer_weights]
+            return np.ascontiguousarray(np.stack(rows), dtype=np.float32)
+
+        none = np.zeros((n_layer, 0, 1), np.float32)
+        bias = [stacked(name) if getattr(layer_weights[0], name) is not None else np.zeros((n_layer, 0), np.float32)
+                for name in ("bq", "bk", "bv", "bo")]
         self.geglu = hp.ffn_act == "gelu"
-        self.gelu_table = _ops.gelu_table() if self.geglu else np.zeros(0, np.float32)
-        biases = []
-        for name in ("bq", "bk", "bv", "bo"):
-            if getattr(L0, name) is None:
-                biases.append(np.zeros((len(layer_weights), 0), np.float32))
-            else:
-                stacked = np.stack([getattr(L, name) for L in layer_weights])
-                biases.append(np.ascontiguousarray(stacked, dtype=np.float32))
-        self.biases = tuple(biases)
+        self.vectors = LayerVectors(
+            norms=stacked("attn_norm", "ffn_norm"),
+            qk_norms=stacked("q_norm", "k_norm") if hp.has_qk_norm else none,
+            post_norms=stacked("post_attn_norm", "post_ffn_norm") if hp.has_post_norms else none,
+            bias_q=bias[0], bias_k=bias[1], bias_v=bias[2], bias_o=bias[3],
+            swa=np.array([hp.n_swa if hp.is_swa(il) else 0 for il in range(n_layer)], np.int64),
+            gelu_table=_ops.gelu_table() if self.geglu else np.zeros(0, np.float32),
+        )
+        self.vector_args = tuple(self.vectors)  # as ``layers`` takes them
         # bytes of one converted activation row, the most of any matmul (``layers``' abuf holds 7
         # converted inputs of up to n_batch rows: ForwardState.abuf, one per session)
         self.act_row_bytes = max(getattr(L, w).act_row_bytes for L in layer_weights for w in MATMULS)

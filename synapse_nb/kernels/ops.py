@@ -366,7 +366,7 @@ def rope_rows(x, cache, n_heads, head_dim, n_dims, neox):
     """Rotate every head of x in place: rotate_pairs (ggml-cpu/ops.cpp).
 
     x: float32 [N, n_heads * head_dim]; cache: float32 [N, n_dims] from rope_cache.
-    Normal mode (llama, mistral3) rotates (2i, 2i+1); NEOX (qwen2) rotates (i, i + n_dims/2).
+    Normal mode (GGML_ROPE_TYPE_NORMAL) rotates (2i, 2i+1); NEOX rotates (i, i + n_dims/2).
     x0*cos - x1*sin and x0*sin + x1*cos are computed as GCC contracts them: the first product
     fused, fma(x0, cos, -(x1*sin)) and fma(x0, sin, x1*cos). Dims >= n_dims are unchanged.
     """
