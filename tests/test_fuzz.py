@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FUZZ, GRAMMAR, ROOT
+from conftest import FUZZ, GRAMMAR, ROOT, tiny
 from fuzz import gguf as fz
 from fuzz.harness import LIMIT_RSS_MB, LIMIT_S
 
@@ -68,6 +68,7 @@ def micro_with(tmp_path, name="case.gguf", **changes) -> Path:
 
 # ---------------------------------------------------------------- the fuzz campaign subset
 
+@pytest.mark.slow
 def test_fuzz_subset_300_cases_only_ok_or_clean():
     res = subprocess.run([sys.executable, "-m", "fuzz.gguf", "--n", "300", "--seed", "1", "--jobs", "2", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
@@ -377,3 +378,15 @@ def test_input_fuzzer_subset_is_clean(kind, n):
     summary = json.loads(res.stdout)
     assert summary["flagged"] == [] and summary["counts"]["ok"] + summary["counts"]["clean"] == n, summary
     assert 0 < summary["max_rss_mb"] <= LIMIT_RSS_MB and 0 < summary["max_s"] <= LIMIT_S, summary
+
+
+@pytest.mark.xfail(strict=True, reason="found by the seed-34034 flags campaign (cases 483, 1250), not fixed yet: "
+                                       "cli/main.py's chat logs 'sampler seed:' before the first turn is checked")
+def test_chat_first_turn_that_does_not_fit_is_one_error_line():
+    """`-cnv` with a sampling flag and a first turn longer than the context: exit 2 and one error line
+    (the missing-template warning aside); the sampler's seed line came first (python -m fuzz.inputs
+    --kind flags --seed 34034 --case 483 --show)."""
+    res = cli(tiny("tiny-llama-q8_0"), "-p", "x" * 1000, "-cnv", "--temp", "0.5", "-n", "1", "-t", "1",
+              input=b"")
+    lines = [ln for ln in res.stderr.decode().splitlines() if not ln.startswith("warning: ")]
+    assert res.returncode == 2 and len(lines) == 1 and "does not fit in the context" in lines[0], res.stderr.decode()

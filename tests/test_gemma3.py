@@ -34,6 +34,7 @@ def test_hparams_from_the_gguf(gemma3):
     assert (hp.has_qk_norm, hp.has_post_norms, hp.ffn_act) == (True, True, "gelu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_goldens(gemma3, case):
     from synapse_nb.session import Session
@@ -56,6 +57,7 @@ def test_goldens(gemma3, case):
         row = s.eval([tok])
 
 
+@pytest.mark.slow
 def test_prefill_equals_token_by_token_past_the_window(gemma3):
     from synapse_nb.session import prefill_check
 

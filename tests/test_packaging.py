@@ -4,9 +4,12 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_wheel_contents(tmp_path):
     # Build the wheel as `pip install .` does (an isolated build environment with the
     # pyproject's setuptools, from the package index or pip's cache).

@@ -189,6 +189,7 @@ def test_bad_arguments():
         ps.add([1], n_predict=-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
 def test_real_models_parallel_equal_lone(name):
     """Every real model: 4 prompts of its goldens, 3 slots, random splits."""
