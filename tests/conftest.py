@@ -6,7 +6,8 @@ tests/ on sys.path; pyproject.toml's pythonpath puts the repository root there t
 and `fuzz`).
 
 Markers (registered in pyproject.toml; select with -m, e.g. `python3 -m pytest -q -m "not slow"`):
-  slow          a test that takes 20 s or more on an idle 2-core machine
+  slow          30 s or more on 2 busy cores, its fixture included (a live server or browser, real
+                models end to end, a wheel build, the 300-case fuzz subset, every cold_compile test)
   cold_compile  a test that compiles kernels in a fresh Numba cache (a subprocess with its own
                 cache directory, or NUMBA_BOUNDSCHECK): minutes, whatever the cache holds
   threads(n)    needs n Numba threads (it compares thread counts): skipped, with the reason, where

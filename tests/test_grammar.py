@@ -438,6 +438,7 @@ def test_schema_refusals(schema, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_batch_lines_with_grammar_and_schema():
     """Batch lines carry "grammar" / "json_schema" (and sampling keys): llama.cpp's tokens per line."""
     from synapse_nb.batch import Decoder
@@ -516,6 +517,7 @@ def qwen_server():
     assert "Traceback" not in s.stderr
 
 
+@pytest.mark.slow
 def test_server_completion_json_schema_and_grammar(qwen_server):
     """/completion with llama-server's "json_schema" and "grammar" fields: llama.cpp's text."""
     import httpx
@@ -531,6 +533,7 @@ def test_server_completion_json_schema_and_grammar(qwen_server):
     assert r.status_code == 400 and "undefined rule 'foo'" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow  # (with the test above: the live server, 35 s to start on 2 busy cores)
 def test_server_chat_response_format(qwen_server):
     """/v1/chat/completions response_format json_schema / json_object: the reply is JSON of the schema."""
     import httpx
