@@ -131,6 +131,7 @@ def test_context_larger_than_training_warns(tmp_path):
     assert b"warning: n_ctx 600 > n_ctx_train 512" in res.stderr
 
 
+@pytest.mark.slow
 def test_llama_cpp_option_values():
     # llama.cpp's meanings: -c 0 is the model's training context, -t <= 0 every core, -m the model
     # (then the first argument is the prompt), -ngl accepted and ignored with a warning
@@ -285,6 +286,7 @@ def _cases():
             yield pytest.param(name, case, id=f"{name}-{case['name']}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,case", list(_cases()))
 def test_real_model_against_llama_cpp(name, case, tmp_path):
     model = real_model_path(name)
@@ -461,6 +463,7 @@ def test_stale_temporary_files_of_dead_runs_are_removed(tmp_path):
     assert alive.exists() and (tmp_path / "x.npy.tmpnotapid").exists()
 
 
+@pytest.mark.slow
 def test_llama_completion_common_flags():
     # -no-cnv was read as -n o-cnv, -fa off as a second prompt, -ub 64 as "No such option '-u'"
     m = TINY / "tiny-llama-q8_0.gguf"

@@ -280,11 +280,13 @@ def _check_tbt(name, n_ctx, chunks=None):
     return res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ctx", [128, 256])
 def test_smollm2_all_chunks_equal_llama_perplexity_single_token_path(n_ctx):
     _check_tbt(SMOL, n_ctx)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ctx,chunks", [(128, 6), (256, 3)])
 def test_qwen_prefix_equals_llama_perplexity_single_token_path(n_ctx, chunks):
     # A prefix (768 tokens) to keep the suite short on 2 shared cores; the running values over
@@ -295,6 +297,7 @@ def test_qwen_prefix_equals_llama_perplexity_single_token_path(n_ctx, chunks):
 GEMMA = "gemma-3-270m-q4_k_m"
 
 
+@pytest.mark.slow
 def test_gemma3_prefix_equals_llama_perplexity_swa_full_single_token_path():
     """llama-perplexity -c 128 -ub 1 --swa-full on Gemma 3 (PPL_GEMMA.json; add_bos: each chunk's
     first token is BOS). The first 10 chunks' running values, to keep the suite short; all 59 and
