@@ -7,8 +7,6 @@ transcription of ggml_compute_forward_soft_max_f32 (including lanes off exp's co
 parallel per-head kernel against the serial one at 1 and 2 threads, and the vector kernels
 (decode and prefill, every split, serial and parallel) against the per-head kernel."""
 
-from pathlib import Path
-
 import numba
 import numpy as np
 import pytest
@@ -17,11 +15,10 @@ from numba import njit
 from synapse_nb.kernels import attention as A
 from synapse_nb.formats import reduce_add_16
 from synapse_nb.kernels.ops import v_expf, v_expf_normal
-from synapse_nb.model import load_model
 from synapse_nb.session import KVCache
 from synapse_nb.session import Session
 
-TINY = Path(__file__).parent / "data" / "tiny"
+from conftest import ROOT, shared_model, use_threads
 
 
 @pytest.fixture
@@ -32,13 +29,13 @@ def threads():
 
 
 def test_kv_cache_has_llama_cpp_bytes_and_its_layout():
-    m = load_model(TINY / "tiny-llama-hd128-q4_k_m.gguf")
+    m = shared_model("tiny-llama-hd128-q4_k_m")
     hp = m.hparams
     c = KVCache(hp, 4096)
     n_embd_k, n_embd_v = hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v
     assert c.k.dtype == np.uint16 and c.v.dtype == np.uint16
     assert c.k.nbytes + c.v.nbytes == hp.n_layer * 4096 * (n_embd_k + n_embd_v) * 2
-    m = load_model(TINY / "tiny-llama-q4_0.gguf")  # two KV heads
+    m = shared_model("tiny-llama-q4_0")  # two KV heads
     hp = m.hparams
     hd_k, hd_v = hp.head_dim_k, hp.head_dim_v
     s = Session(m, n_ctx=200)
@@ -131,7 +128,7 @@ def test_parallel_kernel_equals_serial_at_any_thread_count(threads, n_head, n_he
     ref = np.empty((3, n_head * hd), np.float32)
     A._attention_ser(ref, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale, 0)
     for nt in (1, 2):
-        numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+        use_threads(nt)
         out = np.empty_like(ref)
         A._attention_par(out, q, kc, vc, pos, n_head, n_head_kv, hd, hd, scale, 0)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
@@ -169,7 +166,7 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
         ref = np.empty((n, n_head * hd), np.float32)
         A._attention_ser(ref, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, n_swa)
         for nt in (1, 2):
-            numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+            use_threads(nt)
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
                 A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
@@ -225,9 +222,8 @@ def test_serial_kernel_from_the_cache_runs_as_a_process_first_kernel():
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=root, capture_output=True, text=True, timeout=600)
+        r = subprocess.run([sys.executable, "-c", _FIRST_CALL], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
@@ -277,7 +273,7 @@ def test_sliding_window_attends_the_window_only(threads, hd):
     assert not np.array_equal(run(kc, vc, w=0), ref)
     assert np.array_equal(run(kc, vc, w=pos0 + n), run(kc, vc, w=0))  # the whole prefix fits: no window
     for nt in (1, 2):
-        numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+        use_threads(nt)
         for par in (False, True):
             for t in range(n):
                 one = np.empty((1, n_head * hd), np.float32)

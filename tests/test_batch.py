@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from conftest import ROOT, real_model, tiny
+
 MODEL = "smollm2-135m-instruct-q4_1"
 N_PREDICT = 8
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -46,12 +47,7 @@ def cli(*args, timeout=900, **kw):
 
 
 def model_path() -> Path:
-    from synapse_nb.models import resolve_model
-
-    try:
-        return resolve_model(MODEL)
-    except Exception as e:  # the README's test command fetches the models first: absent is a failure
-        pytest.fail(f"{MODEL} is not fetched ({e}); run: python3 -m synapse_nb.models fetch all")
+    return real_model(MODEL)  # not fetched: fails, naming the fetch command
 
 
 def write_jsonl(path: Path, objs) -> Path:
@@ -466,7 +462,7 @@ def test_parallel_does_not_combine_with_workers(tmp_path):
 
 # ---------------------------------------------------------------- hostile lines (issue 34)
 
-TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf"
+TINY = tiny("tiny-llama-q8_0")
 DIGITS = "9" * 5000  # past Python's int-string limit (4300 digits)
 
 

@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, VOCAB, real_model
+from conftest import CHAT, ROOT, VOCAB, real_model, shared_model
 from conftest import one_error_line, run_cli
 from synapse_nb import SynapseError, load_tokenizer
 from synapse_nb.chat import ChatTemplate, render_jinja
 from synapse_nb.session import Session
 
-CHAT = DATA / "chat"
-ROOT = Path(__file__).parents[1]
 CASES = [json.loads(line) for line in (CHAT / "chat_cases.jsonl").read_text().splitlines() if line.strip()]
 TEMPLATES = json.loads((CHAT / "templates.json").read_text())
 RUNS = json.loads((CHAT / "llama_cpp_runs.json").read_text())
@@ -446,10 +444,9 @@ def test_pty_exit_command(tmp_path):
 
 
 def test_conversation_rewinds_to_the_first_differing_token():
-    from synapse_nb import load_model
     from synapse_nb.chat import Conversation, chat_renderer
 
-    model = load_model(real_model(SMOL))
+    model = shared_model(SMOL)
     tok = model.tokenizer
     conv = Conversation(Session(model, n_ctx=256, n_threads=2), chat_renderer(tok), "You are terse.")
     r1 = conv.reply("Name a color.", n_predict=8)
@@ -533,13 +530,8 @@ def test_template_compilation_and_integer_operations_are_capped():
 
 def _tiny_with_template(tmp_path, template: str) -> Path:
     """tiny-llama-f32 with `template` as its tokenizer.chat_template (a downloaded model's template)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fuzz_gguf", ROOT / "benchmarks" / "fuzz_gguf.py")
-    fz = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(spec))
-    if not hasattr(fz, "build"):
-        spec.loader.exec_module(fz)
     from conftest import tiny
+    from fuzz import gguf as fz
 
     buf = tiny("tiny-llama-f32").read_bytes()
     lay = fz.parse_layout(buf)

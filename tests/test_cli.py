@@ -15,32 +15,15 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, one_error_line, run_cli
-
-DATA = Path(__file__).parent / "data"
-TINY = DATA / "tiny"
-REAL = {
-    "smollm2-135m-instruct-q4_1": DATA / "real" / "SmolLM2-135M-Instruct.Q4_1.json",
-    "qwen2.5-coder-0.5b-instruct-q4_k_m": DATA / "real" / "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
-    "gemma-3-270m-q4_k_m": DATA / "real" / "gemma-3-270m-q4_k_m.json",
-}
+from conftest import GOLDENS, PERPLEXITY, REAL_MODELS, ROOT, TINY, one_error_line, run_cli
+from conftest import real_model as real_model_path  # not fetched: fails, naming the fetch command
 
 
 run = run_cli  # llama-decode in a subprocess, from the repository root
-
-
-def real_model_path(name: str) -> Path:
-    from synapse_nb.models import resolve_model
-
-    try:
-        return resolve_model(name)
-    except Exception as e:  # the README's test command fetches them first; absent is a failure
-        pytest.fail(f"{name} is not fetched ({e}); run: python3 -m synapse_nb.models fetch all")
 
 
 # ---------------------------------------------------------------- bad input
@@ -148,6 +131,7 @@ def test_context_larger_than_training_warns(tmp_path):
     assert b"warning: n_ctx 600 > n_ctx_train 512" in res.stderr
 
 
+@pytest.mark.slow
 def test_llama_cpp_option_values():
     # llama.cpp's meanings: -c 0 is the model's training context, -t <= 0 every core, -m the model
     # (then the first argument is the prompt), -ngl accepted and ignored with a warning
@@ -202,7 +186,7 @@ def test_sigterm_removes_the_partial_kld_file(tmp_path):
     model = real_model_path("smollm2-135m-instruct-q4_1")
     out = tmp_path / "base.kld"
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(model), "--perplexity", "-f",
-                             str(DATA / "perplexity" / "GPL-3.txt"), "-c", "128", "--kl-divergence-base", str(out)],
+                             str(PERPLEXITY / "GPL-3.txt"), "-c", "128", "--kl-divergence-base", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     for line in proc.stderr:  # the first chunk is done: the temporary file is being written
         if b"seconds per pass" in line:
@@ -221,7 +205,7 @@ def test_closed_stdout_is_not_a_traceback():
     # `llama-decode ... | head -c 10`: the reader is gone before we write
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(TINY / "tiny-llama-q8_0.gguf"), "hi", "-n", "8",
                              "--ignore-eos", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).parents[1])
+                            cwd=ROOT)
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, err.decode()
@@ -260,7 +244,7 @@ def test_prefill_check_ok_on_tiny():
 
 def test_tokens_json_matches_golden_greedy_on_tiny(tmp_path):
     """--tokens/--json/--logits-out on a tiny fixture against llama.cpp's greedy continuation."""
-    g = np.load(TINY / "goldens" / "tiny-llama-f32.npz")
+    g = np.load(GOLDENS / "tiny-llama-f32.npz")
     toks = g["ids_tokens"]
     out = tmp_path / "logits.npy"
     res = run(TINY / "tiny-llama-f32.gguf", "--tokens", ",".join(map(str, toks)), "-n", "8",
@@ -283,7 +267,7 @@ def test_tokens_json_matches_golden_greedy_on_tiny(tmp_path):
 def test_generation_stops_at_a_full_context(n_predict):
     """prompt + n_predict > n_ctx is no longer refused: as llama-completion without context shift,
     generation stops when the context is full (stop "context"); -n -1 has no token limit."""
-    g = np.load(TINY / "goldens" / "tiny-llama-f32.npz")
+    g = np.load(GOLDENS / "tiny-llama-f32.npz")
     toks = g["ids_tokens"]
     res = run(TINY / "tiny-llama-f32.gguf", "--tokens", ",".join(map(str, toks)), "-c", len(toks) + 6,
               "-n", n_predict, "--ignore-eos", "--json", "-t", "1")
@@ -297,11 +281,12 @@ def test_generation_stops_at_a_full_context(n_predict):
 # ---------------------------------------------------------------- real models
 
 def _cases():
-    for name, path in REAL.items():
+    for name, path in REAL_MODELS.items():
         for case in json.loads(path.read_text())["cases"]:
             yield pytest.param(name, case, id=f"{name}-{case['name']}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,case", list(_cases()))
 def test_real_model_against_llama_cpp(name, case, tmp_path):
     model = real_model_path(name)
@@ -366,7 +351,7 @@ def test_ctrl_c_exits_130_and_keeps_output():
     model = real_model_path("smollm2-135m-instruct-q4_1")
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", str(model), "Once upon a time", "-n", "4000",
                              "-c", "4096", "--ignore-eos", "-t", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
+                            stderr=subprocess.PIPE, cwd=ROOT)
     first = proc.stdout.read(8)  # wait until text is streaming
     assert first
     proc.send_signal(signal.SIGINT)
@@ -387,6 +372,8 @@ def test_compile_notice_only_when_something_compiles():
         assert b"compiling kernels" not in res.stderr and b"compile time" not in res.stderr, res.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.cold_compile
 def test_compile_notice_shown_when_compiling(tmp_path):
     # With an empty Numba cache (NUMBA_CACHE_DIR pointing at a fresh directory) the run compiles
     # and says so (one line at the start, one at the end, as stderr is not a terminal).
@@ -394,7 +381,7 @@ def test_compile_notice_shown_when_compiling(tmp_path):
 
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-f32.gguf", "hi", "-n", "1",
-                          "-t", "1"], capture_output=True, timeout=900, cwd=Path(__file__).parents[1], env=env)
+                          "-t", "1"], capture_output=True, timeout=900, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stderr
     assert b"compiling kernels, first run only...\n" in res.stderr
     assert b"compiling kernels, first run only: done in" in res.stderr
@@ -476,6 +463,7 @@ def test_stale_temporary_files_of_dead_runs_are_removed(tmp_path):
     assert alive.exists() and (tmp_path / "x.npy.tmpnotapid").exists()
 
 
+@pytest.mark.slow
 def test_llama_completion_common_flags():
     # -no-cnv was read as -n o-cnv, -fa off as a second prompt, -ub 64 as "No such option '-u'"
     m = TINY / "tiny-llama-q8_0.gguf"

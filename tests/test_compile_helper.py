@@ -6,14 +6,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, tiny
 from synapse_nb.compilation import helper as compile_helper
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q4_0.gguf"
+TINY = tiny("tiny-llama-q4_0")
 
 _WARMUP = r"""
 import json, sys
@@ -39,6 +38,8 @@ def _run(cache, cwd=ROOT):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
+@pytest.mark.cold_compile
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
 @pytest.mark.parametrize("other_copy_in_cwd", [False, True])
 def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path, other_copy_in_cwd):

@@ -1,6 +1,6 @@
 """Malformed files and inputs are rejected cleanly (issue 18).
 
-- A fixed 300-case subset of benchmarks/fuzz_gguf.py (seed 1): no outcome other than OK or a clean
+- A fixed 300-case subset of fuzz/gguf.py (seed 1): no outcome other than OK or a clean
   SynapseError (no other exception, signal, hang or memory error).
 - Every file a fuzz run flagged, kept in tests/data/fuzz/ (mutations of micro-llama-f16.gguf, the
   regression base): through the CLI, exit 2, exactly one stderr line "error: ...", no traceback,
@@ -11,7 +11,6 @@
   give NaN logits and one warning line.
 """
 
-import importlib.util
 import json
 import os
 import struct
@@ -22,26 +21,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import FUZZ, GRAMMAR, ROOT, tiny
+from fuzz import gguf as fz
+from fuzz.harness import LIMIT_RSS_MB, LIMIT_S
 
 from synapse_nb.errors import SynapseError
 from synapse_nb.gguf_file import Metadata, open_gguf
 from synapse_nb.hparams import HParams
 from synapse_nb.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-FUZZ = DATA / "fuzz"
 MICRO = FUZZ / "micro-llama-f16.gguf"
 MICRO_BPE = FUZZ / "micro-bpe-f16.gguf"
 # file -> {"mutation": what was done to the micro base, "base_defect": how main at c38829a failed on it,
 #          "any_of": the messages it must give now (derived from the mutation: the key whose type changed)}
 EXPECTED = json.loads((FUZZ / "expected.json").read_text())
 REGRESSIONS = sorted(p for p in FUZZ.glob("*.gguf") if p not in (MICRO, MICRO_BPE))
-
-_spec = importlib.util.spec_from_file_location("fuzz_gguf", ROOT / "benchmarks" / "fuzz_gguf.py")
-fz = importlib.util.module_from_spec(_spec)
-sys.modules["fuzz_gguf"] = fz  # dataclasses look their module up there
-_spec.loader.exec_module(fz)
 
 
 def cli(*args, input=None, timeout=300):
@@ -74,14 +68,17 @@ def micro_with(tmp_path, name="case.gguf", **changes) -> Path:
 
 # ---------------------------------------------------------------- the fuzz campaign subset
 
+@pytest.mark.slow
 def test_fuzz_subset_300_cases_only_ok_or_clean():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_gguf.py"), "--n", "300", "--seed", "1",
-                          "--jobs", "2", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    res = subprocess.run([sys.executable, "-m", "fuzz.gguf", "--n", "300", "--seed", "1", "--jobs", "2", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-2000:]
     s = json.loads(res.stdout.splitlines()[-1])
     c = s["counts"]
     assert sum(c.values()) == 300
     assert c["exception"] == c["signal"] == c["timeout"] == c["memory"] == 0, s["flagged"]
+    # every case measured, within issue 34's limits for a bad input
+    assert 0 < s["max_rss_mb"] <= LIMIT_RSS_MB and 0 < s["max_s"] <= LIMIT_S and s["over_limits"] == 0, s["flagged"]
     # both outcomes occur: the mutations are neither all harmless nor all fatal
     assert c["ok"] >= 30 and c["clean"] >= 100, c
 
@@ -111,8 +108,8 @@ def test_every_regression_file_is_listed():
 
 def test_regressions_through_the_cli_in_process():
     # All files through the CLI's entry point, in fuzz workers (one Python start-up for all).
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_gguf.py"), "--jobs", "2", "--json",
-                          "--files", *map(str, REGRESSIONS)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    res = subprocess.run([sys.executable, "-m", "fuzz.gguf", "--jobs", "2", "--json", "--files", *map(str, REGRESSIONS)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.splitlines()[-1])
     for x in out["results"]:
@@ -270,7 +267,6 @@ def test_nan_weights_give_nan_logits_and_one_warning(tmp_path):
 
 # ---------------------------------------------------------------- grammars and JSON schemas (issue 32)
 
-GRAMMARS = DATA / "grammar"
 
 
 class _Pieces:
@@ -313,7 +309,7 @@ def test_grammar_fuzz_only_ok_or_clean():
     from synapse_nb.grammar import Grammar, GrammarMatcher
 
     rng = random.Random(1)
-    bases = [p.read_text() for p in sorted(GRAMMARS.glob("*.gbnf"))] + ['root ::= " " ("yes" | "no") "."']
+    bases = [p.read_text() for p in sorted(GRAMMAR.glob("*.gbnf"))] + ['root ::= " " ("yes" | "no") "."']
     vocab = _Pieces()
     outcomes = {"ok": 0, "refused": 0}
     for _ in range(300):
@@ -356,7 +352,7 @@ def test_json_schema_fuzz_only_ok_or_clean():
     from synapse_nb.grammar import Grammar, json_schema_to_grammar
 
     rng = random.Random(2)
-    cases = json.loads((GRAMMARS / "cases.json").read_text())["cases"]
+    cases = json.loads((GRAMMAR / "cases.json").read_text())["cases"]
     seeds = [json.dumps(c["json_schema"]) for c in cases if "json_schema" in c]
     outcomes = {"ok": 0, "refused": 0}
     for i in range(300):
@@ -374,10 +370,23 @@ def test_json_schema_fuzz_only_ok_or_clean():
 
 @pytest.mark.parametrize("kind,n", [("template", 30), ("batch", 60), ("flags", 150)])
 def test_input_fuzzer_subset_is_clean(kind, n):
-    """A fixed subset of benchmarks/fuzz_inputs.py (seed 1): every chat template, batch line and flag
-    set renders / decodes / runs, or is a one-line error; no exception, signal, hang or memory error."""
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_inputs.py"), "--kind", kind, "--n", str(n),
-                          "--seed", "1", "--timeout", "30", "--soft-timeout", "20"], capture_output=True, timeout=900,
-                         cwd=ROOT)
+    """A fixed subset of fuzz/inputs.py (seed 1): every chat template, batch line and flag set renders /
+    decodes / runs, or is a one-line error; no exception, signal, hang or memory error, and no case
+    over 2 GiB of peak RSS or 30 s (a case over a limit is flagged)."""
+    res = subprocess.run([sys.executable, "-m", "fuzz.inputs", "--kind", kind, "--n", str(n), "--seed", "1",
+                          "--timeout", "30", "--soft-timeout", "20"], capture_output=True, timeout=900, cwd=ROOT)
     summary = json.loads(res.stdout)
     assert summary["flagged"] == [] and summary["counts"]["ok"] + summary["counts"]["clean"] == n, summary
+    assert 0 < summary["max_rss_mb"] <= LIMIT_RSS_MB and 0 < summary["max_s"] <= LIMIT_S, summary
+
+
+@pytest.mark.xfail(strict=True, reason="found by the seed-34034 flags campaign (cases 483, 1250), not fixed yet: "
+                                       "cli/main.py's chat logs 'sampler seed:' before the first turn is checked")
+def test_chat_first_turn_that_does_not_fit_is_one_error_line():
+    """`-cnv` with a sampling flag and a first turn longer than the context: exit 2 and one error line
+    (the missing-template warning aside); the sampler's seed line came first (python -m fuzz.inputs
+    --kind flags --seed 34034 --case 483 --show)."""
+    res = cli(tiny("tiny-llama-q8_0"), "-p", "x" * 1000, "-cnv", "--temp", "0.5", "-n", "1", "-t", "1",
+              input=b"")
+    lines = [ln for ln in res.stderr.decode().splitlines() if not ln.startswith("warning: ")]
+    assert res.returncode == 2 and len(lines) == 1 and "does not fit in the context" in lines[0], res.stderr.decode()

@@ -15,23 +15,13 @@ import json
 import numpy as np
 import pytest
 
-from conftest import REAL_MODELS, real_model
+from conftest import REAL_MODELS
 
-NAME = "gemma-3-270m-q4_k_m"
-CASES = json.loads(REAL_MODELS[NAME].read_text())["cases"]
-_models = {}
+CASES = json.loads(REAL_MODELS["gemma-3-270m-q4_k_m"].read_text())["cases"]
 
 
-def model():
-    if NAME not in _models:
-        from synapse_nb.model import load_model
-
-        _models[NAME] = load_model(real_model(NAME))
-    return _models[NAME]
-
-
-def test_hparams_from_the_gguf():
-    hp = model().hparams
+def test_hparams_from_the_gguf(gemma3):
+    hp = gemma3.hparams
     assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_ff) == \
         ("gemma3", 18, 640, 4, 1, 256, 256, 2048)
     assert (hp.n_vocab, hp.n_ctx_train, hp.tied_output, hp.rope_type) == (262144, 32768, True, "neox")
@@ -44,13 +34,14 @@ def test_hparams_from_the_gguf():
     assert (hp.has_qk_norm, hp.has_post_norms, hp.ffn_act) == (True, True, "gelu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_goldens(case):
+def test_goldens(gemma3, case):
     from synapse_nb.session import Session
 
     tol = max(2 * case["self_maxrel"], 1e-2)
     toks = case["tokens"]
-    s = Session(model(), n_ctx=1024, n_threads=2)
+    s = Session(gemma3, n_ctx=1024, n_threads=2)
     logits = s.eval(toks, all_logits=True)
     for p in range(len(toks)):  # top-1 at every clear prompt position (single-token path reference)
         ids, ref = case["tbt_top_ids"][p], case["tbt_top_logits"][p]
@@ -66,10 +57,11 @@ def test_goldens(case):
         row = s.eval([tok])
 
 
-def test_prefill_equals_token_by_token_past_the_window():
+@pytest.mark.slow
+def test_prefill_equals_token_by_token_past_the_window(gemma3):
     from synapse_nb.checks import prefill_check
 
     toks = next(c for c in CASES if c["name"] == "long-swa")["tokens"]
-    assert len(toks) > model().hparams.n_swa + 64
-    res = prefill_check(model(), toks, n_ctx=1024, n_threads=2)
+    assert len(toks) > gemma3.hparams.n_swa + 64
+    res = prefill_check(gemma3, toks, n_ctx=1024, n_threads=2)
     assert res.ok, str(res)

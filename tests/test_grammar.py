@@ -13,7 +13,6 @@ llama_grammar_reject_candidates_for_stack on every token of the vocabulary.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ from synapse_nb.errors import SynapseError
 from synapse_nb.grammar import Grammar, GrammarMatcher, decode_utf8, parse_grammar
 from synapse_nb.grammar.gbnf import ALT, CHAR, CHAR_ALT, CHAR_NOT, CHAR_RNG_UPPER, END, RULE_REF, TOKEN, TOKEN_NOT
 
-DATA = Path(__file__).parent / "data" / "grammar"
-CASES = json.loads((DATA / "cases.json").read_text())["cases"]
+from conftest import GRAMMAR
+
+CASES = json.loads((GRAMMAR / "cases.json").read_text())["cases"]
 MODELS = {"smollm2": "smollm2-135m-instruct-q4_1", "qwen2.5": "qwen2.5-coder-0.5b-instruct-q4_k_m"}
 
 
@@ -75,7 +75,7 @@ def test_parser_rules_as_llama_cpp(text, symbols, rules):
 
 def test_parser_arithmetic_symbol_ids():
     # test-grammar-parser.cpp's arithmetic grammar: the ids of generated rules follow llama.cpp's order
-    text = (DATA / "arithmetic.gbnf").read_text()
+    text = (GRAMMAR / "arithmetic.gbnf").read_text()
     _, symbols, _ = parse_grammar(text)
     assert symbols == {"expr": 2, "expr_6": 6, "expr_7": 7, "ident": 8, "ident_10": 10, "num": 9, "num_11": 11,
                        "root": 0, "root_1": 1, "root_5": 5, "term": 4, "ws": 3, "ws_12": 12}
@@ -83,7 +83,7 @@ def test_parser_arithmetic_symbol_ids():
 
 @pytest.mark.parametrize("name", ["json.gbnf", "list.gbnf", "arithmetic.gbnf", "chess.gbnf"])
 def test_llama_cpp_grammar_files_parse(name):
-    g = Grammar((DATA / name).read_text())
+    g = Grammar((GRAMMAR / name).read_text())
     assert g.symbol_ids["root"] == g.root_id
     assert g.initial_stacks
 
@@ -226,17 +226,10 @@ def test_token_elements():
 
 # ---------------------------------------------------------------- real vocabularies and generations
 
-_LOADED: dict = {}
-
-
 def _model(key):
-    from conftest import real_model
+    from conftest import shared_model
 
-    import synapse_nb
-
-    if key not in _LOADED:
-        _LOADED[key] = synapse_nb.load_model(real_model(MODELS[key]))
-    return _LOADED[key]
+    return shared_model(MODELS[key])
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c["name"] in ("smol-json-greedy", "qwen-planets-seed3",
@@ -319,7 +312,7 @@ def _cli_args(case, tmp_path):
     if "json_schema" in case:
         args += ["-j", json.dumps(case["json_schema"])]
     elif "grammar_file" in case:
-        args += ["--grammar-file", DATA / case["grammar_file"]]
+        args += ["--grammar-file", GRAMMAR / case["grammar_file"]]
     else:
         args += ["--grammar", case["grammar"]]
     return args + case["llama_flags"]
@@ -344,7 +337,7 @@ def test_cli_streamed_text_follows_the_grammar():
 
     case = next(c for c in CASES if c["name"] == "smol-list-seed7")
     res = run_cli(real_model(MODELS["smollm2"]), case["prompt"], "-n", case["n_predict"], "-t", "1",
-                  "--grammar-file", DATA / "list.gbnf", *case["llama_flags"])
+                  "--grammar-file", GRAMMAR / "list.gbnf", *case["llama_flags"])
     assert res.returncode == 0
     assert res.stdout.decode() == case["text"] + "\n"
 
@@ -445,6 +438,7 @@ def test_schema_refusals(schema, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_batch_lines_with_grammar_and_schema():
     """Batch lines carry "grammar" / "json_schema" (and sampling keys): llama.cpp's tokens per line."""
     from synapse_nb.batch import Decoder
@@ -523,6 +517,7 @@ def qwen_server():
     assert "Traceback" not in s.stderr
 
 
+@pytest.mark.slow
 def test_server_completion_json_schema_and_grammar(qwen_server):
     """/completion with llama-server's "json_schema" and "grammar" fields: llama.cpp's text."""
     import httpx
@@ -538,6 +533,7 @@ def test_server_completion_json_schema_and_grammar(qwen_server):
     assert r.status_code == 400 and "undefined rule 'foo'" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow  # (with the test above: the live server, 35 s to start on 2 busy cores)
 def test_server_chat_response_format(qwen_server):
     """/v1/chat/completions response_format json_schema / json_object: the reply is JSON of the schema."""
     import httpx

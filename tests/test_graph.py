@@ -14,16 +14,14 @@ exactly our own greedy run.
 A fixture whose weight format has no kernel yet fails here (it is not skipped).
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from synapse_nb.model import load_model
 from synapse_nb.session import Session
 
-TINY = Path(__file__).parent / "data" / "tiny"
-FIXTURES = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
+from conftest import GOLDENS, shared_model, tiny
+
+FIXTURES = sorted(p.stem for p in GOLDENS.glob("*.npz"))
 FLOAT_FORMATS = ("-f32", "-f16", "-bf16")
 
 
@@ -47,19 +45,20 @@ def tolerance(golden, prompt: str, float_format: bool) -> float:
 
 @pytest.fixture(scope="module")
 def cache():
+    """The goldens read in this module (the models come from conftest's session cache)."""
     return {}
 
 
 def _model(cache, name):
     if name not in cache:
-        cache[name] = (load_model(TINY / f"{name}.gguf"), np.load(TINY / "goldens" / f"{name}.npz"))
-    return cache[name]
+        cache[name] = np.load(GOLDENS / f"{name}.npz")
+    return shared_model(name), cache[name]
 
 
 def test_fixture_list_is_complete():
     assert len(FIXTURES) == 23
     for name in FIXTURES:
-        assert (TINY / f"{name}.gguf").is_file()
+        assert tiny(name).is_file()
 
 
 @pytest.mark.parametrize("name", FIXTURES)

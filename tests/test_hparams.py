@@ -1,11 +1,10 @@
 """HParams.from_gguf on the fixtures (expected values from /work/shared/README.md) and its errors."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_GGUFS, damaged_copy, part_offset, real_model, tiny
+from conftest import TINY_GGUFS, VOCAB, damaged_copy, part_offset, real_model, tiny
 from gguf import GGUFReader
 
 from synapse_nb.errors import SynapseError
@@ -227,7 +226,7 @@ def test_block_count_larger_than_the_tensor_table(tmp_path, n_layer):
 
 
 def test_vocab_only_file_is_not_a_model():
-    path = Path(__file__).parent / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"
+    path = VOCAB / "ggml-vocab-llama-bpe.gguf"
     assert_error(path, "vocabulary-only")
 
 

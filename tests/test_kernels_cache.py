@@ -9,11 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.cold_compile]  # every test compiles in its own fresh cache
 
 # One matmul per driver template variant (F32: per-pair loop; Q4_0: rows_dot for N > 1), plus
 # get_rows; prints each used driver's cache statistics.

@@ -243,6 +243,7 @@ def test_matmul_rows_equal_matvec(name, k):
         assert same_bits(matmul(w, np.ascontiguousarray(x[:n])), vec[:n])
 
 
+@pytest.mark.threads(2)
 @pytest.mark.parametrize("name", ALL)
 def test_thread_count_independence(name):
     rng = np.random.default_rng(9)
@@ -252,7 +253,7 @@ def test_thread_count_independence(name):
     try:
         numba.set_num_threads(1)
         y1 = matmul(w, x)
-        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(2)
         y2 = matmul(w, x)
     finally:
         numba.set_num_threads(before)

@@ -12,12 +12,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from conftest import KERNELS
+import pytest
+
+from conftest import KERNELS, ROOT
 from synapse_nb import formats as F
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.cold_compile]  # every kernel, generic CPU, a fresh cache
 
 _CHECK = r"""
 import importlib, json, sys

@@ -97,13 +97,11 @@ def test_a_native_fn_type_pickles_and_is_its_signature():
 def test_the_layer_loop_compiles_once_for_batches_and_decode_steps():
     """One signature of graph.layers serves prefill batches (all logits or the last row), a
     prefill batch whose logits are not needed, and decode steps."""
-    from pathlib import Path
-
+    from conftest import shared_model
     from synapse_nb.kernels import graph
-    from synapse_nb.model import load_model
     from synapse_nb.session import Session
 
-    m = load_model(Path(__file__).parent / "data" / "tiny" / "tiny-llama-q4_0.gguf")
+    m = shared_model("tiny-llama-q4_0")
     s = Session(m, n_ctx=64, n_batch=4, n_threads=1)
     s.eval(np.arange(1, 11, dtype=np.int64))  # batches of 4, 4 (logits unused) and 2
     s.eval(np.array([5], np.int64))
@@ -140,13 +138,12 @@ def test_a_kind_may_be_a_global_but_a_real_function_may_not():
 def test_compile_layers_compiles_the_signature_the_forward_calls():
     """Model.compile_layers (the compile helper's first step) compiles graph.layers without
     running it; the forward then calls that very signature (one signature in all)."""
-    from pathlib import Path
-
+    from conftest import tiny
     from synapse_nb.kernels import graph
     from synapse_nb.model import load_model
     from synapse_nb.session import Session
 
-    m = load_model(Path(__file__).parent / "data" / "tiny" / "tiny-llama-q4_0.gguf")
+    m = load_model(tiny("tiny-llama-q4_0"))  # its own load: no kernel table built yet
     s = Session(m, n_ctx=16, n_batch=4, n_threads=1)
     m.compile_layers(s.state, s.cache)
     assert m._tables is not None and m._tables._mt == {}  # no kernel table built, no kernel compiled

@@ -3,11 +3,13 @@
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+import pytest
+
+from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_wheel_contents(tmp_path):
     # Build the wheel as `pip install .` does (an isolated build environment with the
     # pyproject's setuptools, from the package index or pip's cache).
@@ -20,7 +22,7 @@ def test_wheel_contents(tmp_path):
         models_txt = z.read("synapse_nb/models.txt").decode()
         entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "synapse_nb/cli/main.py" in names
-    assert not any(n.startswith("cli/") for n in names)  # no top-level package named `cli`
+    assert not any(n.startswith(("cli/", "fuzz/", "tests/")) for n in names)  # no top-level cli; no fuzzers, tests
     assert models_txt == (ROOT / "models.txt").read_text()  # the file itself, not a link
     assert "llama-decode = synapse_nb.cli.main:main" in entry_points
     assert {"synapse_nb/kernels/matmul.py", "synapse_nb/tokenizer/core.py", "synapse_nb/arch/llama.py",

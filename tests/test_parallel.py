@@ -8,12 +8,10 @@ test_session / test_real), so a difference here is a dependence on the batch.
 
 import random
 
-import numba
 import numpy as np
 import pytest
 
-from conftest import REAL_MODELS, real_model, tiny
-import synapse_nb
+from conftest import REAL_MODELS, shared_model
 from synapse_nb import Sampler
 from synapse_nb.errors import SynapseError
 from synapse_nb.parallel import ParallelSession
@@ -23,15 +21,6 @@ from synapse_nb.session import Session
 ARCH_FIXTURES = ["tiny-llama-f32", "tiny-llama-q4_0", "tiny-llama3-q4_k_m", "tiny-qwen2-q4_k_m", "tiny-qwen2-f32",
                  "tiny-mistral3-q4_k_m", "tiny-llama-hd128-q4_k_m"]
 N_CTX = 192
-
-_models = {}
-
-
-def _model(path):
-    m = _models.get(str(path))
-    if m is None:
-        m = _models[str(path)] = synapse_nb.load_model(path)
-    return m
 
 
 def _alone(model, prompt, n_gen, n_ctx=N_CTX, sampler=None):
@@ -69,7 +58,7 @@ def _assert_same(seq, ref, what):
 def test_random_arrivals_and_splits_equal_lone_runs(name):
     """Sequences arriving at random steps, prompts split into random chunks, fewer slots than
     sequences (so slots are reused, with prefixes): every logits row equals the lone run's."""
-    m = _model(tiny(name))
+    m = shared_model(name)
     rng = random.Random(hash(name) & 0xFFFF)
     prompts = _prompts(rng, m.hparams.n_vocab, 7)
     n_gen = 8
@@ -91,7 +80,7 @@ def test_random_arrivals_and_splits_equal_lone_runs(name):
 def test_kv_cache_bits_equal_lone_runs(name):
     """One slot per sequence: after the run, each slot's K/V at every position it wrote are the
     lone Session's cache bits (mistral3: positions past its temperature floor of 32)."""
-    m = _model(tiny(name))
+    m = shared_model(name)
     rng = random.Random(7)
     prompts = [[rng.randrange(3, m.hparams.n_vocab) for _ in range(n)] for n in (70, 1, 33, 64)]
     n_gen = 6
@@ -111,7 +100,7 @@ def test_kv_cache_bits_equal_lone_runs(name):
 def test_prefix_reuse_gives_the_same_bits():
     """A prompt that extends a finished sequence's tokens takes its slot and reuses those
     positions; its logits equal a lone run's."""
-    m = _model(tiny("tiny-llama-q8_0"))
+    m = shared_model("tiny-llama-q8_0")
     rng = random.Random(3)
     base = [rng.randrange(3, 512) for _ in range(50)]
     ps = ParallelSession(m, n_seq=2, n_ctx=N_CTX)
@@ -129,9 +118,9 @@ def test_prefix_reuse_gives_the_same_bits():
     _assert_same(again, _alone(m, follow, 5), "whole-prompt reuse")
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 threads to compare with 1")
+@pytest.mark.threads(2)
 def test_thread_count_does_not_change_bits():
-    m = _model(tiny("tiny-qwen2-q4_k_m"))
+    m = shared_model("tiny-qwen2-q4_k_m")
     rng = random.Random(5)
     prompts = _prompts(rng, m.hparams.n_vocab, 4)
     out = []
@@ -147,7 +136,7 @@ def test_thread_count_does_not_change_bits():
 
 def test_samplers_per_sequence():
     """Each sequence draws with its own seeded sampler: the same tokens as alone."""
-    m = _model(tiny("tiny-llama-q4_1"))
+    m = shared_model("tiny-llama-q4_1")
     rng = random.Random(11)
     prompts = _prompts(rng, m.hparams.n_vocab, 4)
     refs = [_alone(m, p, 10, sampler=Sampler(temp=1.5, seed=100 + i))[0] for i, p in enumerate(prompts)]
@@ -158,7 +147,7 @@ def test_samplers_per_sequence():
 
 
 def test_stops_cancel_and_slots():
-    m = _model(tiny("tiny-llama-q4_0"))
+    m = shared_model("tiny-llama-q4_0")
     ps = ParallelSession(m, n_seq=2, n_ctx=40)
     eog = m.tokenizer.eog_ids
     a = ps.add([1, 50, 60], -1, ignore_eos=True)  # runs until its context is full
@@ -186,7 +175,7 @@ def test_stops_cancel_and_slots():
 
 
 def test_bad_arguments():
-    m = _model(tiny("tiny-llama-q4_0"))
+    m = shared_model("tiny-llama-q4_0")
     with pytest.raises(SynapseError, match="n_seq"):
         ParallelSession(m, n_seq=0)
     ps = ParallelSession(m, n_seq=1, n_ctx=16)
@@ -200,12 +189,13 @@ def test_bad_arguments():
         ps.add([1], n_predict=-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
 def test_real_models_parallel_equal_lone(name):
     """Every real model: 4 prompts of its goldens, 3 slots, random splits."""
     import json
 
-    m = _model(real_model(name))
+    m = shared_model(name)
     cases = json.loads(REAL_MODELS[name].read_text())["cases"]
     prompts = [c["tokens"] for c in cases][:4]
     n_gen = 6

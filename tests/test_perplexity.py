@@ -24,18 +24,14 @@ import re
 import struct
 import subprocess
 import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from conftest import TINY, real_model
+from conftest import PERPLEXITY, ROOT, TINY, real_model, shared_model
 from synapse_nb.compilation.warmup import warmup as session_warmup
 from synapse_nb.session import Session
 
-HERE = Path(__file__).parent
-PPL = HERE / "data" / "perplexity"
-GPL = PPL / "GPL-3.txt"
+GPL = PERPLEXITY / "GPL-3.txt"
 SMOL = "smollm2-135m-instruct-q4_1"
 QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 KEY = {SMOL: "SmolLM2-135M-Instruct.Q4_1.gguf", QWEN: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
@@ -45,7 +41,7 @@ TINY_MODEL = TINY / "tiny-llama-q8_0.gguf"  # SPM vocabulary of 512 with add_bos
 
 def run(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True,
-                          timeout=timeout, cwd=HERE.parent)
+                          timeout=timeout, cwd=ROOT)
 
 
 def one_error_line(res) -> str:
@@ -57,28 +53,26 @@ def one_error_line(res) -> str:
 
 
 def tbt(name: str, n_ctx: int) -> dict:
-    runs = [r for r in json.loads((PPL / "PPL_TBT.json").read_text()) if r["model"] == KEY[name] and r["n_ctx"] == n_ctx]
+    runs = [r for r in json.loads((PERPLEXITY / "PPL_TBT.json").read_text()) if r["model"] == KEY[name] and r["n_ctx"] == n_ctx]
     assert len(runs) == 1
     return runs[0]
 
 
 def fixture_tokens(name: str) -> list:
-    return json.loads((PPL / "TOKENS.json").read_text())[KEY[name]]["ids"]
+    return json.loads((PERPLEXITY / "TOKENS.json").read_text())[KEY[name]]["ids"]
 
 
-_models = {}
+_warmed = set()
 
 
 def model(name_or_path):
-    import synapse_nb
-
-    key = str(name_or_path)
-    if key not in _models:
-        path = real_model(name_or_path) if key in KEY else name_or_path
-        m = synapse_nb.load_model(path)
+    """The session's shared model (conftest.shared_model), warmed up (every kernel) the first time
+    this module takes it."""
+    m = shared_model(name_or_path)
+    if id(m) not in _warmed:
         session_warmup(m)
-        _models[key] = m
-    return _models[key]
+        _warmed.add(id(m))
+    return m
 
 
 def gpl_text() -> str:
@@ -287,11 +281,13 @@ def _check_tbt(name, n_ctx, chunks=None):
     return res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ctx", [128, 256])
 def test_smollm2_all_chunks_equal_llama_perplexity_single_token_path(n_ctx):
     _check_tbt(SMOL, n_ctx)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ctx,chunks", [(128, 6), (256, 3)])
 def test_qwen_prefix_equals_llama_perplexity_single_token_path(n_ctx, chunks):
     # A prefix (768 tokens) to keep the suite short on 2 shared cores; the running values over
@@ -302,13 +298,14 @@ def test_qwen_prefix_equals_llama_perplexity_single_token_path(n_ctx, chunks):
 GEMMA = "gemma-3-270m-q4_k_m"
 
 
+@pytest.mark.slow
 def test_gemma3_prefix_equals_llama_perplexity_swa_full_single_token_path():
     """llama-perplexity -c 128 -ub 1 --swa-full on Gemma 3 (PPL_GEMMA.json; add_bos: each chunk's
     first token is BOS). The first 10 chunks' running values, to keep the suite short; all 59 and
     the final estimate (18.4365 +/- 0.88163) were checked by hand (README "Perplexity")."""
     from synapse_nb.perplexity import perplexity
 
-    ref = json.loads((PPL / "PPL_GEMMA.json").read_text())
+    ref = json.loads((PERPLEXITY / "PPL_GEMMA.json").read_text())
     assert len(ref) == 1 and ref[0]["n_ctx"] == 128 and "--swa-full" in ref[0]["command"]
     ref = ref[0]
     m = model(GEMMA)
@@ -400,7 +397,7 @@ def test_tiny_bos_procedure_against_session_logits():
     assert perplexity(m, ids, n_ctx=n_ctx, n_batch=64).per_chunk_ppl == res.per_chunk_ppl
 
 
-TINY_LC = PPL / "tiny"  # llama-perplexity's own runs on tiny-llama-f32 (see its README.md)
+TINY_LC = PERPLEXITY / "tiny"  # llama-perplexity's own runs on tiny-llama-f32 (see its README.md)
 TINY_F32 = TINY / "tiny-llama-f32.gguf"
 
 
@@ -496,14 +493,12 @@ def _capped_run(*args, timeout=120):
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
     return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True,
-                          timeout=timeout, cwd=HERE.parent, preexec_fn=cap)
+                          timeout=timeout, cwd=ROOT, preexec_fn=cap)
 
 
 def test_kld_header_workload_is_checked_against_the_model(tmp_path):
     # a sparse 2 GB base whose header says n_ctx 4194304 ran for minutes before anything happened
-    from synapse_nb.model import load_model
-
-    n_vocab = load_model(TINY_MODEL).hparams.n_vocab
+    n_vocab = shared_model(TINY_MODEL).hparams.n_vocab
     n_ctx, n_chunk = 4194304, 1
     from synapse_nb.perplexity import kld_file_size
 

@@ -23,13 +23,7 @@ from synapse_nb import SynapseError
 from synapse_nb.sampling import MT19937, Sampler, _Cands, _partial_sort_inplace, eog_logit_bias, parse_logit_bias
 from synapse_nb.session import Session
 
-from conftest import one_error_line, run_cli
-
-DATA = Path(__file__).parent / "data"
-SAMPLING = DATA / "sampling"
-GOLDENS = DATA / "tiny" / "goldens"
-TINY = DATA / "tiny"
-ROOT = Path(__file__).parents[1]
+from conftest import GOLDENS, ROOT, SAMPLING, TINY, one_error_line, real_model, run_cli, shared_model
 
 CASES = [json.loads(line) for line in (SAMPLING / "sampler_cases.jsonl").read_text().splitlines() if line.strip()]
 TBT = json.loads((SAMPLING / "real_sampled_tbt.json").read_text())
@@ -194,30 +188,10 @@ def test_lazy_export():
 
 # ---------------------------------------------------------------- real models, end to end
 
-def _real(name):
-    from synapse_nb.models import resolve_model
-
-    try:
-        return resolve_model(name)
-    except Exception as e:  # CI fetches both models first; absent is a failure, not a skip
-        pytest.fail(f"{name} is not fetched ({e}); run: python3 -m synapse_nb.models fetch all")
-
-
-_loaded = {}
-
-
-def _model(name):
-    import synapse_nb
-
-    if name not in _loaded:
-        _loaded[name] = synapse_nb.load_model(_real(name))
-    return _loaded[name]
-
-
 @pytest.mark.parametrize("case", TBT["cases"], ids=[f"{c['model']}:{c['name']}" for c in TBT["cases"]])
 def test_real_sampled_tbt_api(case):
     """Session.generate with a Sampler: every token, every draw u, candidate count and p as llama.cpp's."""
-    m = _model(MODEL_NAMES[case["model"]])
+    m = shared_model(MODEL_NAMES[case["model"]])
     assert sorted(m.tokenizer.eog_ids) == case["eog_biased"]
     s = Sampler(**TBT["params"], seed=case["seed"], logit_bias=eog_logit_bias(m.tokenizer.eog_ids))
     assert s.chain == TBT["chain"]
@@ -241,7 +215,7 @@ def test_real_sampled_tbt_api(case):
 def test_real_sampled_tbt_cli(model):
     """llama-decode MODEL --tokens ... -n 48 --ignore-eos --temp 0.8 --seed S --json: llama.cpp's tokens."""
     case = next(c for c in TBT["cases"] if c["model"] == model)
-    res = run(_real(MODEL_NAMES[model]), "--tokens", ",".join(map(str, case["prompt_tokens"])), "-n", TBT["n_gen"],
+    res = run(real_model(MODEL_NAMES[model]), "--tokens", ",".join(map(str, case["prompt_tokens"])), "-n", TBT["n_gen"],
               "--ignore-eos", "--temp", "0.8", "--seed", case["seed"], "--json", "-t", "2")
     assert res.returncode == 0, res.stderr.decode()
     doc = json.loads(res.stdout)
@@ -255,8 +229,6 @@ def test_real_sampled_tbt_cli(model):
 def test_greedy_default_unchanged():
     """Without sampling flags (CLI) or sampler (API) decoding is the greedy argmax: llama.cpp's
     greedy tokens on a tiny model, no seed in the JSON."""
-    import synapse_nb
-
     g = np.load(GOLDENS / "tiny-llama-f32.npz")
     toks = g["ids_tokens"].tolist()
     res = run(TINY / "tiny-llama-f32.gguf", "--tokens", ",".join(map(str, toks)), "-n", "16", "--ignore-eos",
@@ -265,7 +237,7 @@ def test_greedy_default_unchanged():
     doc = json.loads(res.stdout)
     assert doc["tokens"] == g["ids_greedy"][:16].tolist()
     assert "seed" not in doc and "sampler seed" not in res.stderr.decode()
-    m = synapse_nb.load_model(TINY / "tiny-llama-f32.gguf")
+    m = shared_model("tiny-llama-f32")
     assert Session(m, n_threads=1).generate(toks, 16, ignore_eos=True) == g["ids_greedy"][:16].tolist()
 
 

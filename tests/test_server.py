@@ -16,6 +16,8 @@ import openai
 import pytest
 
 from conftest import real_model, run_cli, tiny
+
+pytestmark = pytest.mark.slow  # a live server on SmolLM2 for the module
 from serverproc import ServerProc, cli_json
 
 MODEL = "smollm2-135m-instruct-q4_1"

@@ -20,6 +20,7 @@ from conftest import real_model, run_cli
 from serverproc import ServerProc, cli_json
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'synapse_nb[ray]'")
+pytestmark = pytest.mark.slow  # a Ray cluster and two Serve replicas for the module
 
 MODEL = "smollm2-135m-instruct-q4_1"
 N_CTX = 512

@@ -9,8 +9,6 @@ Llama 3 rope_freqs + untied output (tiny-llama3-q4_k_m), head_dim 128 with one K
 (tiny-llama-hd128-q4_k_m). Every other fixture is checked at 130 tokens with 2 threads.
 """
 
-from pathlib import Path
-
 import numba
 import numpy as np
 import pytest
@@ -21,20 +19,12 @@ from synapse_nb.checks import first_row_diff, prefill_check
 from synapse_nb.session import Session
 from synapse_nb.compilation.warmup import warmup as session_warmup
 
-TINY = Path(__file__).parent / "data" / "tiny"
-ALL = sorted(p.stem for p in (TINY / "goldens").glob("*.npz"))
+from conftest import GOLDENS, shared_model as model, tiny
+
+ALL = sorted(p.stem for p in GOLDENS.glob("*.npz"))
 MATRIX = ALL  # every fixture, every length, 1 and 2 threads (issue 4's acceptance)
 LENGTHS = [1, 63, 64, 65, 130]
 N_VOCAB = 512
-
-_models = {}
-
-
-def model(name):
-    if name not in _models:
-        _models[name] = load_model(TINY / f"{name}.gguf")
-    return _models[name]
-
 
 def prompt(n, seed=0):
     """BOS then n - 1 fixed pseudo-random ids."""
@@ -50,18 +40,17 @@ def threads():
     numba.set_num_threads(before)
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("n_threads", [1, pytest.param(2, marks=pytest.mark.threads(2))])
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("name", MATRIX)
 def test_prefill_check_matrix(threads, name, n, n_threads):
-    if n_threads > numba.config.NUMBA_NUM_THREADS:
-        pytest.fail(f"this machine allows only {numba.config.NUMBA_NUM_THREADS} Numba threads")
     res = prefill_check(model(name), prompt(n), n_ctx=256, n_threads=n_threads)
     assert res.ok, str(res)
     assert res.n_tokens == n and res.logits_diff is None and res.cache_diff is None
     assert str(res).startswith("prefill check OK")
 
 
+@pytest.mark.threads(2)
 @pytest.mark.parametrize("name", ["tiny-llama-q4_0", "tiny-mistral3-q4_k_m"])
 def test_results_do_not_depend_on_thread_count(threads, name):
     toks = prompt(130, seed=2)
@@ -256,7 +245,7 @@ def test_generate_is_greedy_argmax():
 def test_generate_matches_golden_greedy_while_clear():
     # text prompt of tiny-qwen2-f32: llama.cpp's greedy continuation has clear margins throughout
     name = "tiny-qwen2-f32"
-    g = np.load(TINY / "goldens" / f"{name}.npz")
+    g = np.load(GOLDENS / f"{name}.npz")
     got = Session(model(name), n_ctx=128).generate(g["text_tokens"].tolist(), 32, ignore_eos=True)
     assert got == g["text_greedy"].tolist()
 
@@ -287,7 +276,7 @@ def test_generate_stops_when_the_context_is_full():
     # llama.cpp's greedy continuation of the text prompt (59 tokens): clear margins throughout.
     # As llama-completion without context shift: cached + generated tokens <= n_ctx.
     name = "tiny-qwen2-f32"
-    g = np.load(TINY / "goldens" / f"{name}.npz")
+    g = np.load(GOLDENS / f"{name}.npz")
     toks, want = g["text_tokens"].tolist(), g["text_greedy"].tolist()
     s = Session(model(name), n_ctx=len(toks) + 7)
     got = s.generate(toks, 30, ignore_eos=True)
@@ -352,8 +341,8 @@ def test_warmup_of_a_run_takes_the_steps_the_run_uses():
 def test_inf_in_weights_gives_no_exception(tmp_path):
     """ggml computes through inf/nan; our kernels must not raise (Numba's default error model would:
     Q8_K's d = 1/iscale divides by zero when a row's largest value is inf)."""
-    src = Path(__file__).parent / "data" / "tiny" / "tiny-llama-hd128-q4_k_m.gguf"
-    g = load_model(src).gguf
+    src = tiny("tiny-llama-hd128-q4_k_m")
+    g = model("tiny-llama-hd128-q4_k_m").gguf
     t = g.tensors["output_norm.weight"]
     data = bytearray(src.read_bytes())
     data[t.offset:t.offset + 4] = np.array([np.inf], np.float32).tobytes()
@@ -411,6 +400,7 @@ def test_decode_threads_see_a_busy_machine_within_the_first_period():
     assert used[:F] == [2] * (F - d.PROBES) + [1] * d.PROBES and used[F:] == [1] * 20 and d.current == 1
 
 
+@pytest.mark.threads(2)  # (Session caps n_threads at Numba's pool)
 def test_decode_steps_on_chosen_threads_give_the_same_tokens():
     """A Session whose decode steps alternate between 1 and 2 threads (DecodeThreads probing on
     every other step) produces the same greedy tokens and logits as one on 1 thread."""
@@ -424,9 +414,6 @@ def test_decode_steps_on_chosen_threads_give_the_same_tokens():
     try:
         s = Session(m, n_ctx=64, n_threads=2)
         assert s.generate([1, 2, 3], 12, ignore_eos=True) == want
-        import numba
-
-        if numba.config.NUMBA_NUM_THREADS > 1:  # (Session caps n_threads at Numba's pool)
-            assert s._decode_threads is not None and s._decode_threads._step > 0
+        assert s._decode_threads is not None and s._decode_threads._step > 0
     finally:
         D.DecodeThreads.PERIOD, D.DecodeThreads.FIRST_PERIOD, D.DecodeThreads.PROBES = old

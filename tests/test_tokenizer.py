@@ -7,7 +7,6 @@ generated from our own output.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ from synapse_nb.tokenizer import Tokenizer
 from synapse_nb.tokenizer.merge import PairTable
 from synapse_nb.tokenizer.pretokenize import PreTokenizer
 
-from conftest import real_model
+from conftest import REAL, ROOT, TOKENIZER, VOCAB, real_model, tiny
 
-DATA = Path(__file__).parent / "data"
 VOCABS = ["llama-spm", "llama-bpe", "qwen2", "smollm", "mistral-spm-v1", "mistral-spm-v3",
           "mistral-tekken", "gemma3"]
 
@@ -29,12 +27,12 @@ _cache: dict = {}
 
 def tok(name: str) -> Tokenizer:
     if name not in _cache:
-        _cache[name] = load_tokenizer(DATA / "vocab" / f"ggml-vocab-{name}.gguf")
+        _cache[name] = load_tokenizer(VOCAB / f"ggml-vocab-{name}.gguf")
     return _cache[name]
 
 
 def cases(name: str) -> list[dict]:
-    with open(DATA / "tokenizer" / f"{name}.jsonl", encoding="utf-8") as f:
+    with open(TOKENIZER / f"{name}.jsonl", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
 
@@ -71,7 +69,7 @@ def test_llama_cpp_random_strings(name):
 
 
 def _real_cases(model_json: str):
-    with open(DATA / "real" / model_json, encoding="utf-8") as f:
+    with open(REAL / model_json, encoding="utf-8") as f:
         return json.load(f)["cases"]
 
 
@@ -88,7 +86,7 @@ def test_real_smollm_goldens():
     ("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m.json"),
 ])
 def test_real_model_goldens(model, golden):
-    # where synapse_nb.models caches it (honours SYNAPSE_NB_MODELS); skips naming the fetch command
+    # where synapse_nb.models caches it (honours SYNAPSE_NB_MODELS); fails naming the fetch command when absent
     t = load_tokenizer(open_gguf(real_model(model)))
     for c in _real_cases(golden):
         assert t.tokenize(c["text"], True, c["parse_special"]) == c["tokens"], c["name"]
@@ -218,7 +216,7 @@ def test_merge_kernel_order():
 
 
 def test_bad_inputs(tmp_path):
-    kv = dict(open_gguf(DATA / "vocab" / "ggml-vocab-qwen2.gguf").kv)
+    kv = dict(open_gguf(VOCAB / "ggml-vocab-qwen2.gguf").kv)
     with pytest.raises(SynapseError, match="tokenizer.ggml.pre"):
         Tokenizer.from_kv({**kv, "tokenizer.ggml.pre": "bogus"})
     with pytest.raises(SynapseError, match="tokenizer.ggml.model"):
@@ -449,7 +447,7 @@ def test_bpe_matches_naive_session(name):
     t = tok(name)
     bpe = t._bpe
     ranks = {}
-    for r, m in enumerate(open_gguf(DATA / "vocab" / f"ggml-vocab-{name}.gguf").kv[
+    for r, m in enumerate(open_gguf(VOCAB / f"ggml-vocab-{name}.gguf").kv[
             "tokenizer.ggml.merges"]):
         a, _, b = m.partition(" ")
         ranks.setdefault((a, b), r)
@@ -474,7 +472,7 @@ def test_end_to_end_matches_literal_ports():
     transcribed llama.cpp loops, on longer random texts."""
     t = tok("llama-bpe")
     ranks = {}
-    for r, m in enumerate(open_gguf(DATA / "vocab" / "ggml-vocab-llama-bpe.gguf").kv[
+    for r, m in enumerate(open_gguf(VOCAB / "ggml-vocab-llama-bpe.gguf").kv[
             "tokenizer.ggml.merges"]):
         a, _, b = m.partition(" ")
         ranks.setdefault((a, b), r)
@@ -490,15 +488,9 @@ def test_end_to_end_matches_literal_ports():
 
 def _spm_with_long_token(tmp_path, n_chars: int):
     """tiny-llama's SentencePiece model with token 300 replaced by '▁' + 'ab' * (n_chars / 2)."""
-    import importlib.util
-    import sys
+    from fuzz import gguf as fz
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fuzz_gguf", root / "benchmarks" / "fuzz_gguf.py")
-    fz = sys.modules.setdefault("fuzz_gguf", importlib.util.module_from_spec(spec))
-    if not hasattr(fz, "build"):
-        spec.loader.exec_module(fz)
-    buf = (root / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf").read_bytes()
+    buf = tiny("tiny-llama-q8_0").read_bytes()
     lay = fz.parse_layout(buf)
     toks = fz._array_strings(lay.kv("tokenizer.ggml.tokens"))
     toks[300] = "\u2581".encode() + b"ab" * (n_chars // 2)
@@ -516,12 +508,11 @@ def test_one_very_long_token_does_not_hang_the_spm_table(tmp_path):
     import sys
 
     model = _spm_with_long_token(tmp_path, 8 << 20)
-    root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-m", "cli.main", str(model), "hello abab", "--tokenize"], cwd=root,
+    res = subprocess.run([sys.executable, "-m", "cli.main", str(model), "hello abab", "--tokenize"], cwd=ROOT,
                          capture_output=True, timeout=60)
     assert res.returncode == 0, res.stderr.decode()[-500:]
     tok = load_tokenizer(_spm_with_long_token(tmp_path, 256))
-    ref = load_tokenizer(root / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf")
+    ref = load_tokenizer(tiny("tiny-llama-q8_0"))
     text = "hello world, abab abababab " * 3
     assert tok.tokenize(text, True, False) == ref.tokenize(text, True, False)  # token 300 never merges
     from synapse_nb.inputs import PROMPT_BYTES_MAX, prompt_byte_limit

@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from conftest import real_model, run_cli
+
+pytestmark = pytest.mark.slow  # a live server and headless Chromium for the module
 from serverproc import ServerProc
 
 MODEL = "smollm2-135m-instruct-q4_1"

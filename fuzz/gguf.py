@@ -1,9 +1,13 @@
-#!/usr/bin/env python3
 """Structure-aware GGUF fuzzer: mutated tiny models and vocabularies, run as llama-decode runs them.
 
-    python benchmarks/fuzz_gguf.py --n 10000 [--seed 0] [--jobs 2] [--root DIR] [--json]
-    python benchmarks/fuzz_gguf.py --case 1234 --write /tmp/case.gguf     # reproduce one case
-    python benchmarks/fuzz_gguf.py --n 10000 --save-flagged DIR            # keep every flagged file
+From the repository root:
+
+    python -m fuzz.gguf --n 10000 [--seed 0] [--start 0] [--jobs 2] [--root DIR] [--json]
+    python -m fuzz.gguf --case 1234 --write /tmp/case.gguf     # reproduce one case
+    python -m fuzz.gguf --n 10000 --save-flagged DIR            # keep every flagged file
+
+Seeds used so far: 0 (the first 10,000-case campaign), 1 (tests/test_fuzz.py's subset), 34034 (issue
+34's campaign); take a new one for a new campaign.
 
 Case k of seed s is a pure function of (s, k): random.Random(f"{s}/{k}") picks a base file
 (tests/data/tiny/*.gguf, or tests/data/vocab/*.gguf, or tests/data/fuzz/micro-llama-f16.gguf with
@@ -33,7 +37,9 @@ once): a model file through the CLI's own entry point in-process (llama-decode F
 -t 1, stdout/stderr captured), a vocabulary through load_tokenizer + tokenize + detokenize.
 Workers run under an address-space limit (RLIMIT_AS, set in preexec_fn) and a per-case alarm;
 the parent kills a worker that does not answer within the hard time limit, records which case it
-was on, and starts a new worker; a worker killed by a signal is restarted the same way.
+was on, and starts a new worker; a worker killed by a signal is restarted the same way. Each case's
+wall time and peak RSS are measured (fuzz.harness.PeakRSS) and a case over 30 s or 2 GiB is flagged
+whatever its class; the summary gives the largest of each.
 
 Outcome classes (printed as counts):
   ok        the CLI exited 0 (or the tokenizer loaded and round-tripped)
@@ -50,30 +56,25 @@ OK cases whose logits are not all finite (NaN / inf weights) are counted as well
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
-import resource
-import select
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fuzz.harness import (CLASSES, PeakRSS, Worker, library_outcome, limit_as, run_case, run_cli, run_workers,
+                          summarize)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 MICRO = DATA / "fuzz" / "micro-llama-f16.gguf"  # SentencePiece vocabulary (tiny-llama's)
 MICRO_BPE = DATA / "fuzz" / "micro-bpe-f16.gguf"  # byte-level BPE vocabulary (smollm's first 512 tokens)
 EDITS: list = []  # key-level edits of the case being made: (key, vtype, raw), vtype None = removed
-
-CLASSES = ("ok", "clean", "exception", "signal", "timeout", "memory")
-FLAGGED = ("exception", "signal", "timeout", "memory")
 
 # GGUF value types (gguf.GGUFValueType) and their fixed sizes / struct formats
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -697,37 +698,9 @@ def micro_variant(maker: "CaseMaker", k: int):
 
 # ------------------------------------------------------------------ worker (runs cases in-process)
 
-class CaseTimeout(BaseException):
-    """Raised by the per-case alarm (a BaseException, so the CLI's `except Exception` passes it on)."""
-
-
-def _alarm(signum, frame):
-    raise CaseTimeout()
-
-
 def run_model_case(path: str, llama_decode) -> dict:
     """The CLI in-process: llama-decode FILE "hi" -n 2 -c 64 -t 1, stdout and stderr captured."""
-    import warnings
-
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
-    old = sys.stdout, sys.stderr, warnings.showwarning
-    sys.stdout, sys.stderr = out, err
-    code = 0
-    try:
-        llama_decode.main([path, "hi", "-n", "2", "-c", "64", "-t", "1"], prog_name="llama-decode",
-                          standalone_mode=False)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except MemoryError:
-        code = "memory"
-    except CaseTimeout:
-        raise
-    except Exception as e:  # click's own errors (not expected here)
-        err.write(f"internal error: {type(e).__name__}: {e}\n")
-        code = 1
-    finally:
-        sys.stdout, sys.stderr, warnings.showwarning = old
-    lines = err.getvalue().splitlines()
+    code, lines = run_cli(llama_decode, [path, "hi", "-n", "2", "-c", "64", "-t", "1"])
     if code == "memory" or any("MemoryError" in ln for ln in lines):
         return {"cls": "memory", "detail": lines[-1:] or ["MemoryError"]}
     if code == 0:
@@ -741,26 +714,14 @@ def run_model_case(path: str, llama_decode) -> dict:
 def run_vocab_case(path: str, lib) -> dict:
     """Tokenizer only: load_tokenizer + tokenize (special and plain) + detokenize."""
     SynapseError, load_tokenizer = lib
-    try:
+
+    def run():
         tok = load_tokenizer(path)
         ids = tok.tokenize("hi there <|im_end|> </s> \u00e9\u4e2d", add_special=True, parse_special=True)
         tok.tokenize(" \n\n  x", add_special=False, parse_special=False)
         tok.detokenize(ids)
-        return {"cls": "ok"}
-    except SynapseError as e:
-        msg = str(e)
-        return {"cls": "clean", "detail": msg[:200]} if "\n" not in msg else \
-            {"cls": "exception", "detail": "multi-line SynapseError: " + msg[:200]}
-    except MemoryError:
-        return {"cls": "memory", "detail": "MemoryError"}
-    except CaseTimeout:
-        raise
-    except Exception as e:
-        import traceback
 
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        return {"cls": "exception", "detail": f"{type(e).__name__}: {str(e)[:150]} at "
-                                              f"{Path(tb.filename).name}:{tb.lineno}"}
+    return library_outcome(run, SynapseError)
 
 
 VOCAB_SCRIPT = """
@@ -778,14 +739,15 @@ except SynapseError as e:
 """
 
 
-def run_subprocess_case(path: str, kind: str, args) -> dict:
+def run_subprocess_case(path: str, lib) -> dict:
     """--subprocess: one Python start-up per case (the CLI itself, or a tokenizer-only script),
     under the same time and address-space limits; classified from exit status and stderr."""
+    kind, args = lib
     cmd = [sys.executable, "-m", "cli.main", path, "hi", "-n", "2", "-c", "64", "-t", "1"] if kind == "model" else \
         [sys.executable, "-c", VOCAB_SCRIPT, path]
     try:
         r = subprocess.run(cmd, cwd=args.root, capture_output=True, timeout=args.soft_timeout,
-                           preexec_fn=_limit_as(args.mem_mb), text=True, errors="replace")
+                           preexec_fn=limit_as(args.mem_mb), text=True, errors="replace")
     except subprocess.TimeoutExpired:
         return {"cls": "timeout", "detail": f"timeout {args.soft_timeout} s"}
     lines = r.stderr.splitlines()
@@ -810,7 +772,6 @@ def worker_main(args) -> None:
     from synapse_nb.tokenizer import load_tokenizer
 
     maker = CaseMaker(args.seed, args.bases)
-    signal.signal(signal.SIGALRM, _alarm)
     tmpdir = Path(tempfile.mkdtemp(prefix="fuzz-gguf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     # Warm-up before the first case: every kernel the bases use is loaded from Numba's cache (or
     # compiled), so that no case's time includes it.
@@ -821,6 +782,7 @@ def worker_main(args) -> None:
     for p, kind, _ in warm[-1:]:
         if kind == "vocab":
             run_vocab_case(str(p), (SynapseError, load_tokenizer))
+    peak = PeakRSS()
     proto.write(json.dumps({"ready": os.getpid()}) + "\n")
     try:
         for line in sys.stdin:
@@ -832,20 +794,20 @@ def worker_main(args) -> None:
                 data, kind, desc = maker.make(k)
                 path = tmpdir / f"case-{k}.gguf"
                 path.write_bytes(data)
-            t0 = time.perf_counter()
-            signal.setitimer(signal.ITIMER_REAL, 0 if args.subprocess else args.soft_timeout)
             try:
-                res = run_subprocess_case(str(path), kind, args) if args.subprocess else \
-                    run_model_case(str(path), llama_decode) if kind == "model" else \
-                    run_vocab_case(str(path), (SynapseError, load_tokenizer))
-            except CaseTimeout:
-                res = {"cls": "timeout", "detail": f"soft timeout {args.soft_timeout} s"}
+                if args.subprocess:  # the child has its own timeout: no alarm here
+                    res = run_case(run_subprocess_case, str(path), (kind, args), 0, peak)
+                elif kind == "model":
+                    res = run_case(run_model_case, str(path), llama_decode, args.soft_timeout, peak)
+                else:
+                    res = run_case(run_vocab_case, str(path), (SynapseError, load_tokenizer), args.soft_timeout, peak)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
                 if "file" not in job:
                     path.unlink()
-            res.update(case=k, desc=desc, s=round(time.perf_counter() - t0, 3))
+            res.update(case=k, desc=desc)
             proto.write(json.dumps(res) + "\n")
+            if res.get("retire"):  # grown too much to measure the next case: a fresh worker will
+                break
     finally:
         for p in tmpdir.iterdir():
             p.unlink()
@@ -854,123 +816,44 @@ def worker_main(args) -> None:
 
 # ------------------------------------------------------------------ parent
 
-def _limit_as(mb: int):
-    def f():
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
-    return f
-
-
-class Worker:
-    def __init__(self, args):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seed", str(args.seed), "--root",
-               str(args.root), "--bases", args.bases, "--soft-timeout", str(args.soft_timeout),
-               "--mem-mb", str(args.mem_mb)] + (["--subprocess"] if args.subprocess else [])
-        env = dict(os.environ, PYTHONWARNINGS="default", NUMBA_NUM_THREADS="1")
-        if args.boundscheck:  # every array access of every kernel checked (IndexError): a separate cache
-            env.update(NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(Path(tempfile.gettempdir()) / "fuzz-gguf-numba-bc"))
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  preexec_fn=_limit_as(args.mem_mb), env=env, text=True, bufsize=1)
-        self.case = None
-        self.deadline = None
-        self.ready = False
-        self.first = True  # the first case of a worker also loads (or compiles) the kernels
-
-    def send(self, k: int, timeout: float, files=None):
-        self.case, self.deadline = k, time.monotonic() + timeout
-        job = {"case": k} if files is None else {"case": k, "file": str(files[k][0]), "kind": files[k][1]}
-        self.p.stdin.write(json.dumps(job) + "\n")
-        self.p.stdin.flush()
-
-    def kill(self):
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait()
+def spawn_worker(args) -> Worker:
+    cmd = [sys.executable, "-m", "fuzz.gguf", "--worker", "--seed", str(args.seed), "--root", str(args.root),
+           "--bases", args.bases, "--soft-timeout", str(args.soft_timeout), "--mem-mb", str(args.mem_mb)] + \
+        (["--subprocess"] if args.subprocess else [])
+    env = dict(os.environ, PYTHONWARNINGS="default", NUMBA_NUM_THREADS="1")
+    if args.boundscheck:  # every array access of every kernel checked (IndexError): a separate cache
+        env.update(NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(Path(tempfile.gettempdir()) / "fuzz-gguf-numba-bc"))
+    # cwd: this checkout, where `fuzz` is importable (the worker then runs --root's code)
+    return Worker(cmd, env, args.mem_mb, ROOT)
 
 
 def run_campaign(args, files=None) -> dict:
     """Run cases start .. start + n - 1 (or, with files = [(path, kind)], those files) in args.jobs
-    workers; returns the summary: counts per class, flagged cases, elapsed time."""
+    workers; returns the summary: counts per class, flagged cases, the largest case, elapsed time."""
     if files is not None:
         args.start, args.n = 0, len(files)
-    todo = list(range(args.start, args.start + args.n))
-    todo.reverse()
-    results: dict[int, dict] = {}
-    workers = [Worker(args) for _ in range(args.jobs)]
-    try:
-        return _campaign_loop(args, files, todo, results, workers)
-    finally:
-        for w in workers:
-            if w.p.poll() is None:
-                w.kill()
-
-
-def _campaign_loop(args, files, todo, results, workers) -> dict:
     t0 = time.monotonic()
-    maker = None
-    last_print = t0
-    while len(results) < args.n:
-        for w in list(workers):
-            if w.ready and w.case is None and todo:
-                w.send(todo.pop(), args.timeout + (60 if w.first else 0), files)
-        fds = {w.p.stdout.fileno(): w for w in workers}
-        r, _, _ = select.select(list(fds), [], [], 0.5)
-        for fd in r:
-            w = fds[fd]
-            line = w.p.stdout.readline()
-            if not line:  # the worker died
-                code = w.p.wait()
-                if not w.ready:
-                    raise SystemExit(f"fuzz worker failed to start (exit {code}); check --root {args.root}")
-                if w.case is not None:
-                    cls = "signal" if code < 0 else "memory" if code == 137 else "exception"
-                    results[w.case] = {"case": w.case, "cls": cls, "detail": f"worker exit {code}"}
-                workers.remove(w)
-                workers.append(Worker(args))
-                continue
-            msg = json.loads(line)
-            if "ready" in msg:
-                w.ready, w.first = True, True
-                continue
-            results[msg["case"]] = msg
-            w.case, w.first = None, False
-        now = time.monotonic()
-        for w in list(workers):
-            if w.case is not None and now > w.deadline:
-                results[w.case] = {"case": w.case, "cls": "timeout", "detail": f"hard timeout {args.timeout} s"}
-                w.kill()
-                workers.remove(w)
-                workers.append(Worker(args))
-            elif not w.ready and w.p.poll() is not None:
-                raise SystemExit(f"fuzz worker failed to start (exit {w.p.returncode}); try --jobs 1 and check "
-                                 f"--root {args.root}")
-        if args.progress and now - last_print > 30:
-            last_print = now
-            c = Counter(x["cls"] for x in results.values())
-            print(f"[{now - t0:6.0f} s] {len(results)}/{args.n} {dict(c)}", file=sys.stderr, flush=True)
-    for w in workers:
-        w.p.stdin.close()
-        w.p.wait(timeout=30)
+    job_of = None if files is None else lambda k: {"case": k, "file": str(files[k][0]), "kind": files[k][1]}
+    results = run_workers(lambda: spawn_worker(args), args.jobs, list(range(args.start, args.start + args.n)),
+                          args.timeout, job_of=job_of, progress=args.progress,
+                          hint=f"try --jobs 1 and check --root {args.root}")
     elapsed = time.monotonic() - t0
-    counts = Counter(x["cls"] for x in results.values())
-    flagged = [results[k] for k in sorted(results) if results[k]["cls"] in FLAGGED]
+    sm = summarize(results)
+    flagged = sm["flagged"]
     if files is not None:
-        return {"elapsed_s": round(elapsed, 1), "counts": {c: counts.get(c, 0) for c in CLASSES},
+        return {"elapsed_s": round(elapsed, 1), "counts": sm["counts"],
                 "results": [dict(results[k], file=str(files[k][0])) for k in sorted(results)]}
+    maker = None
     for x in flagged:
         if "desc" not in x:
-            if maker is None:
-                maker = CaseMaker(args.seed, args.bases)
+            maker = maker or CaseMaker(args.seed, args.bases)
             x["desc"] = maker.make(x["case"])[2]
     summary = {
         "seed": args.seed, "n": args.n, "start": args.start, "root": str(args.root), "bases": args.bases,
-        "elapsed_s": round(elapsed, 1), "counts": {c: counts.get(c, 0) for c in CLASSES},
+        "elapsed_s": round(elapsed, 1), **sm,  # counts, flagged, the largest case's RSS and time
         "ok_nonfinite": sum(1 for x in results.values() if x.get("nonfinite")),
         # one letter per case (o k e s t m: ok clean exception signal timeout memory), to compare runs
         "by_case": "".join("okestm"[CLASSES.index(results[k]["cls"])] for k in sorted(results)),
-        "flagged": flagged,
     }
     if args.save_flagged:
         d = Path(args.save_flagged)
@@ -1056,8 +939,11 @@ def main(argv=None) -> int:
         for c in CLASSES:
             print(f"  {c:10s} {s['counts'][c]}")
         print(f"  (ok with non-finite logits: {s['ok_nonfinite']})")
+        print(f"  largest case: peak RSS {s['max_rss_mb']} MiB ({s['max_growth_mb']} MiB over its worker's "
+              f"baseline), {s['max_s']} s ({s['max_cpu_s']} s of CPU); over a limit: {s['over_limits']}")
         for x in s["flagged"][:50]:
-            print(f"  flagged case {x['case']} {x['cls']}: {x.get('detail')} [{x.get('desc')}]")
+            print(f"  flagged case {x['case']} {x['cls']}{' ' + ', '.join(x['over']) if 'over' in x else ''}: "
+                  f"{x.get('detail')} [{x.get('desc')}]")
     return 0
 
 

@@ -1,10 +1,14 @@
-#!/usr/bin/env python3
 """Fuzzer of the inputs that are not GGUF files: chat templates, batch lines, command-line flags.
 
-    python benchmarks/fuzz_inputs.py --kind template --n 2000 [--seed 0]
-    python benchmarks/fuzz_inputs.py --kind batch --n 2000
-    python benchmarks/fuzz_inputs.py --kind flags --n 2000
-    python benchmarks/fuzz_inputs.py --kind template --case 17 --show      # print one case
+From the repository root:
+
+    python -m fuzz.inputs --kind template --n 2000 [--seed 0] [--start 0] [--jobs 1]
+    python -m fuzz.inputs --kind batch --n 2000
+    python -m fuzz.inputs --kind flags --n 2000
+    python -m fuzz.inputs --kind template --case 17 --show      # print one case
+
+Seeds used so far: 34 (the first campaign), 1 (tests/test_fuzz.py's subsets), 34034 (issue 34's
+campaign); take a new one for a new campaign.
 
 Case k of (kind, seed) is a pure function of random.Random(f"{kind}/{seed}/{k}"). The mutators
 build what issue 34 found by hand, and combinations of it:
@@ -19,35 +23,31 @@ build what issue 34 found by hand, and combinations of it:
             (-no-cnv, -fa, -ub, -e, -i, ...), --tokens with hostile items, clashing options
 
 Each case runs in a worker process (RLIMIT_AS --mem-mb, a per-case alarm; the parent kills a worker
-that does not answer within --timeout and records a timeout). Outcomes:
+that does not answer within --timeout and records a timeout). Each case's wall time and peak RSS
+are measured (fuzz.harness.PeakRSS); a case over 30 s or 2 GiB is flagged whatever its outcome, and
+the summary gives the largest of each. Outcomes:
 
   ok        rendered / decoded / exit 0
   clean     one-line SynapseError, or CLI exit 2 with one "error: " stderr line (a bad batch line's
             "error" result counts as clean)
   exception anything else (a traceback, exit 1, a multi-line error)
-  signal / timeout / memory   as in fuzz_gguf.py
+  signal / timeout / memory   as in fuzz/gguf.py
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
-import resource
-import select
-import signal
-import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
+
+from fuzz.harness import PeakRSS, Worker, library_outcome, run_case, run_cli, run_workers, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny" / "tiny-llama-q8_0.gguf"
-CLASSES = ("ok", "clean", "exception", "signal", "timeout", "memory")
-FLAGGED = ("exception", "signal", "timeout", "memory")
 
 HUGE = ["9" * 5000, "99999999999999999999", str(2**63), str(2**31), "-" + "9" * 30, "1e300", "-1e300",
         "1e39", "nan", "inf", "-inf", "0", "-1", "-2", "x", "", "0x10", "1.5", "\uff11"]
@@ -89,17 +89,12 @@ def make_template(rng) -> str:
 
 def run_template(src: str, lib) -> dict:
     SynapseError, ChatTemplate = lib
-    try:
-        ChatTemplate(src, "fuzz.jinja").render({"messages": [{"role": "user", "content": "hi"}],
-                                                 "bos_token": "<s>", "eos_token": "</s>",
-                                                 "add_generation_prompt": True})
-        return {"cls": "ok"}
-    except SynapseError as e:
-        return {"cls": "clean" if "\n" not in str(e) else "exception", "detail": str(e)[:200]}
-    except MemoryError:
-        return {"cls": "memory", "detail": "MemoryError"}
-    except Exception as e:
-        return {"cls": "exception", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+
+    def run():
+        ChatTemplate(src, "fuzz.jinja").render({"messages": [{"role": "user", "content": "hi"}], "bos_token": "<s>",
+                                                "eos_token": "</s>", "add_generation_prompt": True})
+
+    return library_outcome(run, SynapseError)
 
 
 # ------------------------------------------------------------------ batch lines
@@ -139,17 +134,14 @@ def run_batch_line(line: str, lib) -> dict:
 
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         f.write('{"id": "good", "tokens": [1]}\n' + line + "\n")
-    try:
-        items = batch.read_inputs(f.name)
-        results = [decoder.decode(o) for o in items]
+
+    def run():
+        results = [decoder.decode(o) for o in batch.read_inputs(f.name)]
         json.dumps(results)  # what the command writes
         return {"cls": "clean" if any("error" in r for r in results) else "ok"}
-    except SynapseError as e:
-        return {"cls": "clean" if "\n" not in str(e) else "exception", "detail": str(e)[:200]}
-    except MemoryError:
-        return {"cls": "memory", "detail": "MemoryError"}
-    except Exception as e:
-        return {"cls": "exception", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+
+    try:
+        return library_outcome(run, SynapseError)
     finally:
         os.unlink(f.name)
 
@@ -188,32 +180,8 @@ def make_flags(rng) -> list[str]:
 
 
 def run_flags(args: list[str], lib) -> dict:
-    llama_decode = lib
-    import warnings
-
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
-    old = sys.stdout, sys.stderr, sys.stdin, warnings.showwarning
-    sys.stdout, sys.stderr, sys.stdin = out, err, io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8")
-    code = 0
-    try:
-        from cli.main import main as _main  # noqa: F401  (the entry point's error formatting is below)
-        import click
-
-        try:
-            llama_decode.main(args, prog_name="llama-decode", standalone_mode=False)
-        except click.ClickException as e:
-            err.write(f"error: {e.format_message()}\n")
-            code = 2
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except MemoryError:
-        code = "memory"
-    except Exception as e:
-        err.write(f"internal error: {type(e).__name__}: {e}\n")
-        code = 1
-    finally:
-        sys.stdout, sys.stderr, sys.stdin, warnings.showwarning = old
-    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    code, lines = run_cli(lib, args)
+    lines = [ln for ln in lines if ln.strip()]
     if code == "memory":
         return {"cls": "memory", "detail": "MemoryError"}
     if code in (0, 130):
@@ -231,10 +199,6 @@ MAKERS = {"template": make_template, "batch": make_batch_line, "flags": make_fla
 
 def make_case(kind: str, seed: int, k: int):
     return MAKERS[kind](random.Random(f"{kind}/{seed}/{k}"))
-
-
-class _Timeout(BaseException):
-    pass
 
 
 def worker_main(args) -> None:
@@ -257,81 +221,31 @@ def worker_main(args) -> None:
         lib, run = llama_decode, run_flags
         run([str(TINY), "-p", "hi", "-n", "1", "-t", "1"], lib)  # kernels loaded before the first case
 
-    def alarm(signum, frame):
-        raise _Timeout()
-
+    peak = PeakRSS()
     proto.write(json.dumps({"ready": os.getpid()}) + "\n")
     for line in sys.stdin:
         k = json.loads(line)["case"]
-        case = make_case(args.kind, args.seed, k)
-        t0 = time.perf_counter()
-        old = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, args.soft_timeout)
-        try:
-            res = run(case, lib)
-        except _Timeout:
-            res = {"cls": "timeout", "detail": f"soft timeout {args.soft_timeout} s"}
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-        res.update(case=k, s=round(time.perf_counter() - t0, 3))
+        res = run_case(run, make_case(args.kind, args.seed, k), lib, args.soft_timeout, peak)
+        res.update(case=k)
         proto.write(json.dumps(res) + "\n")
-
-
-def _limit(mb: int):
-    def f():
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
-    return f
+        if res.get("retire"):  # grown too much to measure the next case: a fresh worker will
+            break
 
 
 def run_campaign(args) -> dict:
-    todo = list(range(args.start + args.n - 1, args.start - 1, -1))
-    results: dict[int, dict] = {}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--kind", args.kind, "--seed", str(args.seed),
+    """Run cases start .. start + n - 1 in args.jobs workers; returns the summary: counts per class,
+    flagged cases, the largest case, elapsed time."""
+    cmd = [sys.executable, "-m", "fuzz.inputs", "--worker", "--kind", args.kind, "--seed", str(args.seed),
            "--soft-timeout", str(args.soft_timeout), "--root", str(args.root)]
     env = dict(os.environ, NUMBA_NUM_THREADS="1")
     t0 = time.monotonic()
-    w = None
-    while todo or (w is not None and w.get("case") is not None):
-        if w is None:
-            p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 preexec_fn=_limit(args.mem_mb), env=env, text=True, bufsize=1)
-            w = {"p": p, "case": None, "ready": False}
-        if w["ready"] and w["case"] is None and todo:
-            w["case"], w["deadline"] = todo.pop(), time.monotonic() + args.timeout
-            w["p"].stdin.write(json.dumps({"case": w["case"]}) + "\n")
-            w["p"].stdin.flush()
-        r, _, _ = select.select([w["p"].stdout], [], [], 0.5)
-        if r:
-            line = w["p"].stdout.readline()
-            if not line:
-                code = w["p"].wait()
-                if w["case"] is not None:
-                    results[w["case"]] = {"case": w["case"], "cls": "signal" if code < 0 else "exception",
-                                          "detail": f"worker exit {code}"}
-                elif not w["ready"]:
-                    raise SystemExit(f"fuzz worker failed to start (exit {code})")
-                w = None
-                continue
-            msg = json.loads(line)
-            if "ready" in msg:
-                w["ready"] = True
-            else:
-                results[msg["case"]] = msg
-                w["case"] = None
-        elif w["case"] is not None and time.monotonic() > w["deadline"]:
-            results[w["case"]] = {"case": w["case"], "cls": "timeout", "detail": f"hard timeout {args.timeout} s"}
-            os.killpg(w["p"].pid, signal.SIGKILL)
-            w["p"].wait()
-            w = None
-    if w is not None:
-        w["p"].stdin.close()
-        w["p"].wait(timeout=30)
-    counts = Counter(x["cls"] for x in results.values())
-    flagged = [results[k] for k in sorted(results) if results[k]["cls"] in FLAGGED]
-    return {"kind": args.kind, "seed": args.seed, "n": args.n, "elapsed_s": round(time.monotonic() - t0, 1),
-            "counts": {c: counts.get(c, 0) for c in CLASSES}, "flagged": flagged}
+    # cwd: this checkout, where `fuzz` is importable (the worker then runs --root's code)
+    results = run_workers(lambda: Worker(cmd, env, args.mem_mb, ROOT), args.jobs,
+                          list(range(args.start, args.start + args.n)), args.timeout, first_extra=0,
+                          hint=f"check --root {args.root}")
+    # counts, flagged, the largest case's RSS and time
+    return {"kind": args.kind, "seed": args.seed, "start": args.start, "n": args.n,
+            "elapsed_s": round(time.monotonic() - t0, 1), **summarize(results)}
 
 
 def main(argv=None) -> int:
@@ -340,6 +254,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--timeout", type=float, default=30.0, help="hard per-case limit, s (worker killed)")
     ap.add_argument("--soft-timeout", type=float, default=20.0, help="per-case alarm in the worker, s")
     ap.add_argument("--mem-mb", type=int, default=4096, help="address-space limit of the worker, MiB")
