@@ -56,10 +56,12 @@ def run(o) -> int:
     matcher = grammar_matcher(grammar_text, tok, o.verbose)
     sampler = sampler_from_options(o.sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                    has_eos=tok.eos_id is not None, ignore_eos=o.ignore_eos, grammar=matcher)
-    if sampler is not None:
-        log(f"sampler seed: {sampler.seed}")
 
     def warmup():
+        # run_conversation calls this once the first turn is read and known to fit: a turn that
+        # does not fit is then the run's one error line, not the second after the seed's
+        if sampler is not None:
+            log(f"sampler seed: {sampler.seed}")
         with Compiling(o.verbose) as progress:
             compile_s = engine.warm_up(model, progress=progress, sampler=sampler, jobs=min(2, n_threads))
         timings["compile_ms"] = round(1e3 * compile_s, 2)

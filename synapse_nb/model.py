@@ -37,8 +37,8 @@ from .kernels import BoundWeight, bind
 from .kernels import graph as _graph
 from .kernels import ops as _ops
 
-if TYPE_CHECKING:  # the session's state types, for annotations only (session.py imports this module)
-    from .session import ForwardState, KVCache
+if TYPE_CHECKING:  # the state types, for annotations only
+    from .state import ForwardState, KVCache
 
 
 

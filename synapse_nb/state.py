@@ -95,9 +95,9 @@ class ForwardState:
         self.up = np.empty((n, F), np.float32)
         self.act = np.empty((n, F), np.float32)  # silu(gate) * up
         self.rope = np.empty((n, hp.n_rot), np.float32)  # cos/sin per position
-        # the SWA layers' cos/sin (gemma3: their own RoPE base); no rows without a window
+        # the SWA layers' cos/sin (their own RoPE base: the recipe's rope_freq_base_swa); no rows without a window
         self.rope_swa = np.empty((n if hp.n_swa > 0 else 0, hp.n_rot), np.float32)
-        self.temp = np.empty((n, 1), np.float32)  # mistral3 attention temperature per position
+        self.temp = np.empty((n, 1), np.float32)  # the attention temperature per position (when the recipe has one)
         # scratch of the attention kernels for n_ctx positions
         self.attn_ws = _attn.Workspace(n_ctx, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)
         self.abuf = None  # uint8 [7, n_batch * act_row_bytes]: converted activations (Model.forward)

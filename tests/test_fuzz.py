@@ -380,12 +380,10 @@ def test_input_fuzzer_subset_is_clean(kind, n):
     assert 0 < summary["max_rss_mb"] <= LIMIT_RSS_MB and 0 < summary["max_s"] <= LIMIT_S, summary
 
 
-@pytest.mark.xfail(strict=True, reason="found by the seed-34034 flags campaign (cases 483, 1250), not fixed yet: "
-                                       "cli/main.py's chat logs 'sampler seed:' before the first turn is checked")
 def test_chat_first_turn_that_does_not_fit_is_one_error_line():
     """`-cnv` with a sampling flag and a first turn longer than the context: exit 2 and one error line
-    (the missing-template warning aside); the sampler's seed line came first (python -m fuzz.inputs
-    --kind flags --seed 34034 --case 483 --show)."""
+    (the missing-template warning aside). Found by the seed-34034 flags campaign (cases 483, 1250:
+    python -m fuzz.inputs --kind flags --seed 34034 --case 483 --show): the sampler's seed line came first."""
     res = cli(tiny("tiny-llama-q8_0"), "-p", "x" * 1000, "-cnv", "--temp", "0.5", "-n", "1", "-t", "1",
               input=b"")
     lines = [ln for ln in res.stderr.decode().splitlines() if not ln.startswith("warning: ")]
