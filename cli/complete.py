@@ -157,7 +157,7 @@ def _generate(session, prompt_ids, o, sampler, matcher, ignore_eos, tok):
 
     gen = generate(session, prompt_ids, o.n_predict, sampler=sampler, grammar=matcher, ignore_eos=ignore_eos,
                    all_logits=rows is not None, on_prompt=on_prompt, on_token=on_token, on_logits=on_logits,
-                   interruptible=True)
+                   on_prefill=prefill_progress(sys.stderr.isatty()), interruptible=True)
     if stream is not None:
         out.write(stream.flush() + b"\n")
         out.flush()
@@ -176,6 +176,27 @@ def _prefill_check(model, prompt_ids, n_ctx, n_threads, n_batch) -> int:
     log(f"prefill check: done in {time.perf_counter() - t_k:.1f} s")
     click.echo(str(result))
     return 0 if result.ok else 1
+
+
+def prefill_progress(tty: bool, after_s: float = 2.0, clock=time.perf_counter):
+    """A long prompt's progress(done, total) on a terminal: once the prompt has taken after_s, the
+    line "prompt: done/total tokens, R tok/s" redrawn per batch and cleared at the end (the text
+    follows on that line). Not on a terminal: None (nothing printed, clean logs for scripts)."""
+    if not tty:
+        return None
+    t0 = clock()
+    shown = [False]
+
+    def progress(done: int, total: int) -> None:
+        dt = clock() - t0
+        if done >= total:
+            if shown[0]:
+                log("\r\x1b[K", end="")
+        elif dt >= after_s:
+            shown[0] = True
+            log(f"\rprompt: {done}/{total} tokens, {done / dt:.1f} tok/s\x1b[K", end="")
+
+    return progress
 
 
 def _check_progress(t0: float):

@@ -74,21 +74,22 @@ class Generation:
 
 
 def generate(session: Session, prompt: list, n_predict: int, *, sampler=None, grammar=None, ignore_eos: bool = False,
-             all_logits: bool = False, on_prompt=None, on_token=None, on_logits=None,
+             all_logits: bool = False, on_prompt=None, on_token=None, on_logits=None, on_prefill=None,
              interruptible: bool = False) -> Generation:
     """Evaluate prompt on session (after its cached positions), then generate up to n_predict tokens.
 
     The tokens are chosen as Session.greedy_tokens chooses them: argmax, or sampler (which first
     accepts the prompt, as llama-completion), grammar constraining argmax (a sampler holds its
     own). on_prompt(logits) gets the prompt's logits (float32 [n_vocab], or [len(prompt),
-    n_vocab] with all_logits) before the first token; on_token(token) each token as it is chosen
+    n_vocab] with all_logits) before the first token; on_prefill(done, total) the prompt's progress
+    after each batch (Session.eval's progress); on_token(token) each token as it is chosen
     (end-of-generation ones too); on_logits(row) each decoded token's logits. With interruptible,
     Ctrl-C ends the generation with stop "interrupted" instead of raising. Raises SynapseError as
     Session.eval does (bad ids, a full context).
     """
     gen = Generation(prompt=list(prompt))
     t0 = time.perf_counter()
-    logits = session.eval(gen.prompt, all_logits=all_logits)
+    logits = session.eval(gen.prompt, all_logits=all_logits, progress=on_prefill)
     t1 = time.perf_counter()
     gen.prompt_s = t1 - t0
     if on_prompt is not None:

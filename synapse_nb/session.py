@@ -170,10 +170,11 @@ class Session:
             raise SynapseError(f"truncate: n_past must be in [0, {self._n_past}], got {n_past!r}")
         self._n_past = int(n_past)
 
-    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
+    def eval(self, tokens, all_logits: bool = False, progress=None) -> np.ndarray:
         """Append tokens to the cache (in batches of n_batch) and return their logits.
 
         tokens: sequence of ints in [0, n_vocab), at least one; n_past + len(tokens) <= n_ctx.
+        progress(done, total), if given, is called after each batch with the tokens evaluated so far.
         Returns float32 [n_vocab] for the last token, or [len(tokens), n_vocab] with all_logits.
         Raises SynapseError (and leaves the cache unchanged) on bad ids or context overflow.
         """
@@ -214,6 +215,8 @@ class Session:
                 out[b0:b0 + len(batch)] = logits
             elif want:
                 last = logits[-1].copy()
+            if progress is not None:
+                progress(b0 + len(batch), n)
         if step is not None:
             step.record(threads, time.perf_counter() - t0)
         return out if all_logits else last

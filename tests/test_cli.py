@@ -498,3 +498,23 @@ def test_prompt_escapes_are_processed_as_llama_cpp_does():
     assert ids("-p", r"a\nb") == ids("-p", "a\nb") == ids("-e", "-p", r"a\nb") == ids("--escape", "-p", r"a\nb")
     assert ids("--no-escape", "-p", r"a\nb") != ids("-p", "a\nb")
     assert ids(r"a\nb") == ids("--no-escape", "-p", r"a\nb")  # the PROMPT argument is taken as written
+
+
+def test_long_prefill_progress_on_a_terminal_only(capsys):
+    """Issue 35: a prompt that takes over 2 s shows "prompt: done/total tokens, R tok/s" on a terminal,
+    redrawn per batch and cleared before the text; a short one and any non-terminal stderr stay silent."""
+    from cli.complete import prefill_progress
+
+    assert prefill_progress(tty=False) is None
+    now = [0.0]
+    p = prefill_progress(tty=True, clock=lambda: now[0])
+    for done, t in ((64, 1.0), (128, 2.5), (192, 3.0), (200, 3.1)):
+        now[0] = t
+        p(done, 200)
+    err = capsys.readouterr().err
+    assert err == ("\rprompt: 128/200 tokens, 51.2 tok/s\x1b[K" "\rprompt: 192/200 tokens, 64.0 tok/s\x1b[K"
+                   "\r\x1b[K"), repr(err)
+    p = prefill_progress(tty=True, clock=lambda: now[0])  # done within 2 s: nothing at all
+    p(64, 128)
+    p(128, 128)
+    assert capsys.readouterr().err == ""
