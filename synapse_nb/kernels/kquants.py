@@ -787,7 +787,8 @@ for _stem, (_doc, _block, _chunks) in _VEC_DOTS.items():
 # values qb) once, then for each activation row vec_dot's activation-dependent steps in its order
 # into the row's 8 accumulators (ROWS_GROUP rows per pass).  Per format (_ROWS): the scales
 # code (fills sc, and mins with a min), the unpacking into qb, the lanes call, and d (vec_dot's
-# product y.d * F16(d), in its operand order).
+# product y.d * F16(d), in its operand order; Q6_K forms it before its bsums step, "d", which
+# keeps its kernel's register allocation: the same machine code as its hand-written version).
 
 _ROWS_DOT = """
 @kernel
@@ -828,6 +829,7 @@ def rows_dot_{w}_q8_K(y, m, w_row, a):
             for n in range(ng):
                 yo = (g + n) * rb + i * Q8_K_BYTES
                 yd = load_f32(a, yo)
+                d = yd * dw  #bsums32
                 bsums_madd8(pm, mins, a, yo + 260)  #min
                 lanes_fma8(ptr_offset(accs, 8 * n), -yd * dminw, pm)  #lanes
                 pairs_fma4(ptr_offset(accm, 4 * n), -yd * dminw, pm)  #four
@@ -852,7 +854,7 @@ _ROWS = {
     "q5_K": (_K4_SCALES, "_unpack_q5_K(qb, w)", _PLAIN_LANES),
     # sc32: -((s0*b0 + s1*b1) << 5) == (-32*s0)*b0 + (-32*s1)*b1 (int32), vec_dot's p init
     "q6_K": ("for j in range(16):\n    sc[j] = np.int32(np.int8(w[192 + j]))\n    sc32[j] = sc[j] * np.int32(-32)",
-             "_unpack_q6_K(qb, w)", _PLAIN_LANES),
+             "_unpack_q6_K(qb, w)", _PLAIN_LANES, "d"),
     # each chunk's two scaled dots of vec_dot in one multiply (the same int32 lanes)
     "iq4_xs": ("sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))\nfor ib in range(8):\n"
                "    iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)\n"
