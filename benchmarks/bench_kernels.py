@@ -170,7 +170,7 @@ def int8_dot_peak(nthreads, best_time):
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from synapse_nb.kernels.common import HAS_VNNI512
+    from synapse_nb.kernels.simd import HAS_VNNI512
     if not HAS_VNNI512:
         return None
     v16 = ir.VectorType(ir.IntType(32), 16)

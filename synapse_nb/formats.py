@@ -32,7 +32,7 @@ The contracts of these functions are in synapse_nb/kernels/matmul.py.
 from __future__ import annotations
 
 import numpy as np
-from .gguf_spec import GGMLQuantizationType as GT
+from .gguf_spec import GGML_QUANT_SIZES, GGMLQuantizationType as GT
 
 _REGISTRY: dict[int, "BlockFormat"] = {}
 _BY_NAME: dict[str, "BlockFormat"] = {}
@@ -61,6 +61,14 @@ def weight_formats():
 
 
 def _register(cls):
+    """Register a format class, its block_size and type_size read from gguf_spec.GGML_QUANT_SIZES
+    (the one table of block sizes; a class may correct it, as Q8_1 does)."""
+    block_size, type_size = GGML_QUANT_SIZES[cls.ggml_type]
+    cls.block_size = block_size
+    if "type_size" not in cls.__dict__:
+        cls.type_size = type_size
+    if cls.__doc__ is None:
+        cls.__doc__ = f"{cls.name}: {cls.block_size} values in {cls.type_size} bytes."
     inst = cls()
     _REGISTRY[int(cls.ggml_type)] = inst
     _BY_NAME[cls.name] = inst
@@ -153,7 +161,8 @@ def _lane_dot(prods, d):
 
 
 class BlockFormat:
-    """A ggml block format. Subclasses set name, ggml_type, block_size, type_size, vec_dot_type."""
+    """A ggml block format. Subclasses set name, ggml_type, vec_dot_type; _register sets block_size
+    (values per block) and type_size (bytes per block) from gguf_spec.GGML_QUANT_SIZES."""
 
     name: str
     ggml_type: GT
@@ -209,7 +218,7 @@ class BlockFormat:
 
 @_register
 class F32(BlockFormat):
-    name, ggml_type, block_size, type_size, vec_dot_type = "F32", GT.F32, 1, 4, "F32"
+    name, ggml_type, vec_dot_type = "F32", GT.F32, "F32"
     kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
@@ -227,7 +236,7 @@ class F32(BlockFormat):
 
 @_register
 class F16(BlockFormat):
-    name, ggml_type, block_size, type_size, vec_dot_type = "F16", GT.F16, 1, 2, "F16"
+    name, ggml_type, vec_dot_type = "F16", GT.F16, "F16"
     kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
@@ -265,7 +274,7 @@ def _float_dot(w, x, double_sum):
 
 @_register
 class BF16(BlockFormat):
-    name, ggml_type, block_size, type_size, vec_dot_type = "BF16", GT.BF16, 1, 2, "BF16"
+    name, ggml_type, vec_dot_type = "BF16", GT.BF16, "BF16"
     kernels, quantize_kernels = "legacy", "quant_act"
 
     def dequantize(self, data):
@@ -315,7 +324,7 @@ def _f16_field(blocks, off):
 
 @_register
 class Q8_0(_Int8Blocks):
-    name, ggml_type, block_size, type_size, vec_dot_type = "Q8_0", GT.Q8_0, 32, 34, "Q8_0"
+    name, ggml_type, vec_dot_type = "Q8_0", GT.Q8_0, "Q8_0"
     q_lo, q_hi = 2, 34
     kernels, quantize_kernels = "legacy", "quant_act"
 
@@ -345,7 +354,8 @@ Q8_0_ACT = None  # set below (the Q8_0 instance used as an activation format)
 
 @_register
 class Q8_1(_Int8Blocks):
-    name, ggml_type, block_size, type_size, vec_dot_type = "Q8_1", GT.Q8_1, 32, 36, "Q8_1"
+    name, ggml_type, vec_dot_type = "Q8_1", GT.Q8_1, "Q8_1"
+    type_size = 36  # ggml's sizeof(block_q8_1): F16 d, F16 s, 32 int8 (gguf-py's table says 40)
     q_lo, q_hi, quantize_kernels = 4, 36, "quant_act"
     f16_fields = (0, 2)
     # ggml block_q8_1 is {f16 d, f16 s, int8 qs[32]} = 36 bytes (gguf-py's table says 40).
@@ -411,21 +421,20 @@ class _Nibbles32Min(_Nibbles32):
         return _dot_q8_1(self, w_row, a_row)
 
 
-# The nibble formats whose blocks differ only in layout: (name, bytes per block, vec_dot_type,
-# offset of the 16 nibble bytes, base class, the block's integer values from its bytes b).
-for _name, _size, _act, _qs, _base, _ints in (
-        ("Q4_0", 18, "Q8_0", 2, _Nibbles32, lambda f, b: f.nibbles(b) - 8),
-        ("Q5_0", 22, "Q8_0", 6, _Nibbles32, lambda f, b: (f.nibbles(b) | (f.high_bits(b, 2) << 4)) - 16),
-        ("Q4_1", 20, "Q8_1", 4, _Nibbles32Min, lambda f, b: f.nibbles(b)),
-        ("Q5_1", 24, "Q8_1", 8, _Nibbles32Min, lambda f, b: f.nibbles(b) | (f.high_bits(b, 4) << 4))):
-    _register(type(_name, (_base,), {"name": _name, "ggml_type": GT[_name], "block_size": 32, "type_size": _size,
-                                     "vec_dot_type": _act, "qs_off": _qs, "kernels": "legacy", "ints": _ints,
-                                     "__doc__": f"{_name}: 32 values in {_size} bytes."}))
+# The nibble formats whose blocks differ only in layout: (name, vec_dot_type, offset of the 16
+# nibble bytes, base class, the block's integer values from its bytes b).
+for _name, _act, _qs, _base, _ints in (
+        ("Q4_0", "Q8_0", 2, _Nibbles32, lambda f, b: f.nibbles(b) - 8),
+        ("Q5_0", "Q8_0", 6, _Nibbles32, lambda f, b: (f.nibbles(b) | (f.high_bits(b, 2) << 4)) - 16),
+        ("Q4_1", "Q8_1", 4, _Nibbles32Min, lambda f, b: f.nibbles(b)),
+        ("Q5_1", "Q8_1", 8, _Nibbles32Min, lambda f, b: f.nibbles(b) | (f.high_bits(b, 4) << 4))):
+    _register(type(_name, (_base,), {"name": _name, "ggml_type": GT[_name], "vec_dot_type": _act, "qs_off": _qs,
+                                     "kernels": "legacy", "ints": _ints, "__doc__": None}))
 
 
 @_register
 class IQ4_NL(_Nibbles32):
-    name, ggml_type, block_size, type_size, vec_dot_type, qs_off = "IQ4_NL", GT.IQ4_NL, 32, 18, "Q8_0", 2
+    name, ggml_type, vec_dot_type, qs_off = "IQ4_NL", GT.IQ4_NL, "Q8_0", 2
     kernels = "legacy"
 
     def ints(self, b):
@@ -465,24 +474,22 @@ def _dot_q8_1(fmt, w_row, a_row):
 class _KQuant(BlockFormat):
     """K-quant weight formats (256 values per super-block); reference dequantize is gguf-py's."""
 
-    block_size = 256
     vec_dot_type = "Q8_K"
     kernels = "kquants"
 
 
-# K-quant weight formats: (name, bytes per 256-value super-block, offsets of its F16 d (and dmin));
+# K-quant weight formats: (name, offsets of its F16 d (and dmin) in a 256-value super-block);
 # ggml-common.h block_q2_K ...
-for _name, _size, _f16 in (("Q2_K", 84, (80, 82)), ("Q3_K", 110, (108,)), ("Q4_K", 144, (0, 2)),
-                           ("Q5_K", 176, (0, 2)), ("Q6_K", 210, (208,)), ("IQ4_XS", 136, (0,))):
-    _register(type(_name, (_KQuant,), {"name": _name, "ggml_type": GT[_name], "type_size": _size, "f16_fields": _f16,
-                                       "__doc__": f"{_name}: 256 values in {_size} bytes."}))
+for _name, _f16 in (("Q2_K", (80, 82)), ("Q3_K", (108,)), ("Q4_K", (0, 2)), ("Q5_K", (0, 2)), ("Q6_K", (208,)),
+                   ("IQ4_XS", (0,))):
+    _register(type(_name, (_KQuant,), {"name": _name, "ggml_type": GT[_name], "f16_fields": _f16, "__doc__": None}))
 
 
 @_register
 class Q8_K(_Int8Blocks):
     """Activation format of the K-quants: f32 d, int8 qs[256], int16 bsums[16] (292 bytes)."""
 
-    name, ggml_type, block_size, type_size, vec_dot_type = "Q8_K", GT.Q8_K, 256, 292, "Q8_K"
+    name, ggml_type, vec_dot_type = "Q8_K", GT.Q8_K, "Q8_K"
     quantize_kernels = "kquants"  # f32 scale, then the 256 int8 values
     q_lo, q_hi = 4, 260
     f16_fields = ()

@@ -64,8 +64,8 @@ def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
 
 
-# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, whose reduction is common.reduce64's IR
-# (common.ir_reduce_add_16).
+# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, whose reduction is block_ir.reduce64's IR
+# (simd.ir_reduce_add_16).
 _F32_DOT = r"""
 import importlib, json
 import numpy as np
@@ -85,7 +85,7 @@ print(json.dumps({"file": synapse_nb.__file__, "y": float(y[0]),
 
 
 def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
-    """Edit common.py in a copy of the package: the driver in matmul.py recompiles with the edit."""
+    """Edit simd.py in a copy of the package: the driver in matmul.py recompiles with the edit."""
     shutil.copytree(ROOT / "synapse_nb", tmp_path / "synapse_nb",
                     ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
     cache = tmp_path / "numba_cache"
@@ -96,11 +96,11 @@ def test_edit_to_an_inlined_helper_invalidates_every_cached_kernel(tmp_path):
     first = run()
     assert first["file"] == str(tmp_path / "synapse_nb" / "__init__.py")
     assert first["y"] == 64.0 and first["misses"] > 0
-    common = tmp_path / "synapse_nb" / "kernels" / "common.py"
-    src = common.read_text()
+    simd = tmp_path / "synapse_nb" / "kernels" / "simd.py"
+    src = simd.read_text()
     old = "    a = builder.fadd(sh(u, [0, 1]), sh(u, [2, 3]))\n"
     assert src.count(old) == 1  # in ir_reduce_add_16: (u0 + u2, u1 + u3), then their sum is returned
-    common.write_text(src.replace(old, old + "    a = builder.fadd(a, ir.Constant(a.type, [0.5, 0.5]))\n"))
+    simd.write_text(src.replace(old, old + "    a = builder.fadd(a, ir.Constant(a.type, [0.5, 0.5]))\n"))
     second = run()
     assert second["y"] == 65.0 and second["misses"] > 0  # the new helper, not the cached driver
     third = run()

@@ -399,18 +399,18 @@ def test_vec_dot_close_to_float64_of_dequantized(fmt):
 def test_portable_dot_path_matches_ggml(monkeypatch):
     """The vector-IR fallback used on CPUs without AVX512-VNNI gives the same bits.
 
-    common.dot32_scaled_add (vpdpbusd), iq4_lookup32 (pshufb) and f16_to_f32 (vcvtph2ps) pick
+    kquant_ir.dot32_scaled_add (vpdpbusd), iq4_lookup32 (pshufb) and f16_to_f32 (vcvtph2ps) pick
     their instruction or portable IR when a kernel is compiled; recompile every
     vec_dot (uncached) with the portable choice and compare with ggml's results.
     (tests/test_kernels_portable.py runs every format's portable path in a generic-CPU process.)
     """
     from numba import njit
 
-    from synapse_nb.kernels import common
+    from synapse_nb.kernels import simd
 
-    monkeypatch.setattr(common, "HAS_VNNI256", False)
-    monkeypatch.setattr(common, "HAS_PSHUFB", False)
-    monkeypatch.setattr(common, "HAS_F16C", False)
+    monkeypatch.setattr(simd, "HAS_VNNI256", False)
+    monkeypatch.setattr(simd, "HAS_PSHUFB", False)
+    monkeypatch.setattr(simd, "HAS_F16C", False)
     rng = np.random.default_rng(9)
     for fmt in FORMATS:
         portable = njit(cache=False)(dot_fn(fmt).py_func)

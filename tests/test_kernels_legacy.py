@@ -261,7 +261,15 @@ def test_thread_count_independence(name):
 
 
 def test_supported_types():
-    assert set(supported_types()) == set(ALL)
+    """The weight formats the README promises (its "weight formats" row), each with its kernels built
+    and a row of ggml's block size: a list written independently of formats.py's registry."""
+    promised = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS"]
+    assert sorted(supported_types()) == sorted(promised)
+    for name in promised:
+        block, type_size = gguf.GGML_QUANT_SIZES[GT[name]]  # gguf-py's table
+        w = T(name, GT[name], (1, 256), np.zeros(256 // block * type_size, np.uint8))
+        assert bind(w).rows.shape == (1, 256 // block * type_size), name
 
 
 def test_out_argument():
@@ -302,7 +310,7 @@ def test_f16_to_f32_exhaustive():
     """Every F16 bit pattern converts exactly (ggml_table_f32_f16)."""
     from numba import njit
 
-    from synapse_nb.kernels.common import f16_to_f32
+    from synapse_nb.kernels.scalar import f16_to_f32
 
     @njit
     def conv(h, out):

@@ -1,6 +1,6 @@
 """The portable code path (no AVX512-VNNI, F16C or PSHUFB) of every format, against ggml.
 
-A subprocess with NUMBA_CPU_NAME=generic (which common.py's host probe reads as "no host
+A subprocess with NUMBA_CPU_NAME=generic (which simd.py's host probe reads as "no host
 features", so only portable LLVM IR is emitted) and its own NUMBA_CACHE_DIR runs every weight
 format's vec_dot row function (and its multi-row rows_dot and four-row vec_dot4, where it has
 them) and every activation quantizer on ggml's fixtures (tests/data/kernels/FMT.npz: ggml's
@@ -24,10 +24,10 @@ _CHECK = r"""
 import importlib, json, sys
 import numpy as np
 from synapse_nb import formats as F
-from synapse_nb.kernels import common
+from synapse_nb.kernels import simd
 
 KERNELS = sys.argv[1]
-assert not (common.HAS_VNNI256 or common.HAS_F16C or common.HAS_PSHUFB), common.HOST_FEATURES
+assert not (simd.HAS_VNNI256 or simd.HAS_F16C or simd.HAS_PSHUFB), simd.HOST_FEATURES
 res = {}
 for fmt in F.weight_formats():
     z = np.load(f"{KERNELS}/{fmt.name.lower()}.npz")

@@ -16,23 +16,19 @@ Numerics: activations are converted to the weight's vec_dot_type exactly as ggml
 float accumulation reproduces ggml's AVX2/AVX-512 lane order (see kernels/legacy.py). Row n of
 ``matmul(w, X)`` equals ``matvec(w, X[n])`` bit for bit, for any thread count.
 
-Every kernel here is compiled with ``error_model="numpy"``: a division by zero gives inf or nan
-as in ggml's C, instead of Numba's default Python semantics, which raise ZeroDivisionError from
-inside a parallel region (seen with an inf in a corrupted norm weight: "SystemError ... returned
-a result with an exception set"). Finite results are unchanged.
+Every Numba function of this package is decorated with decorator.kernel, the one policy:
+cached (stamped with all of kernels/*.py, see _cache.py) and compiled with
+``error_model="numpy"``: a division by zero gives inf or nan as in ggml's C, instead of Numba's
+default Python semantics, which raise ZeroDivisionError from inside a parallel region (seen with
+an inf in a corrupted norm weight: "SystemError ... returned a result with an exception set").
+Finite results are unchanged.
 """
 
 import numpy as np
 
 from ..errors import SynapseError
 from .. import formats as _F
-from . import _cache
-
-# Before any kernel module is imported (Numba picks a function's cache locator when @njit(cache=True)
-# decorates it): cached kernels depend on all of synapse_nb/kernels/*.py, not on their own file only.
-_cache.install()
-
-from . import matmul as _mm  # noqa: E402
+from . import matmul as _mm
 
 __all__ = ["bind", "BoundWeight", "matmul", "matvec", "get_rows", "dequantize", "quantize_activations",
            "supported_types"]

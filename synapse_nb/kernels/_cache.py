@@ -2,8 +2,8 @@
 
 Numba stamps a function's on-disk cache with a hash of the function's own source file only
 (numba.core.caching._SourceFileBackedLocatorMixin.get_source_stamp). Our kernels inline functions
-from other files (a matmul driver inlines legacy.py's row functions, which inline common.py's
-helpers), so after an edit to common.py the cached legacy.py and matmul.py code would keep
+from other files (a matmul driver inlines legacy.py's row functions, which inline simd.py's
+helpers), so after an edit to simd.py the cached legacy.py and matmul.py code would keep
 running the old helper. The locators here replace that stamp with one sha256 over the contents of
 every synapse_nb/kernels/*.py file: an edit to any of them invalidates every cached kernel of the
 package (recompiling all of it once, ~1 minute, is the price of never running stale code).
@@ -13,10 +13,10 @@ source, the user-wide cache directory), with only the stamp changed, and they de
 defined outside synapse_nb/kernels, which Numba's own locators then handle as usual.
 
 ``install()`` puts them at the front of numba.core.caching.CacheImpl._locator_classes. It must
-run before the first ``@njit(cache=True)`` of the package is decorated, because Numba chooses the
-locator (and reads the source stamp) at decoration time; synapse_nb/kernels/__init__.py calls it
-before it imports any kernel module. This is the package's one import-time side effect, and it
-is confined to functions in this directory.
+run before the first kernel of the package is decorated, because Numba chooses the locator (and
+reads the source stamp) at decoration time; decorator.kernel, the package's one decorator, calls
+it (idempotent) each time it decorates. It changes only how functions in this directory are
+cached.
 """
 
 import functools

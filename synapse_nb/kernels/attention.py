@@ -46,13 +46,14 @@ Two implementations compute exactly these operations:
 
 import numpy as np
 from llvmlite import ir
-from numba import get_thread_id, njit, prange, types
+from numba import get_thread_id, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .common import (HAS_F16C, _ir_f16_to_f32, f16_to_f32, f32_bits, f32_to_f16_bits, fma32, ir_prefetch,
-                     ir_reduce_add_16)
-from .ops import _C1, _C2, _C3, _C4, _C5, _LN2_HI, _LN2_LO, _LOG2E
+from .decorator import kernel
+from .ops import EXPF_C1, EXPF_C2, EXPF_C3, EXPF_C4, EXPF_C5, EXPF_LN2_HI, EXPF_LN2_LO, EXPF_LOG2E
+from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32
+from .simd import HAS_F16C, ir_f16_to_f32_portable, ir_prefetch, ir_reduce_add_16
 
 _F32 = np.float32
 
@@ -66,20 +67,21 @@ def kv_shapes(n_ctx, n_head_kv, head_dim_k, head_dim_v):
     return (n_head_kv, nt, head_dim_k, KT), (n_head_kv, KT, nt, head_dim_v)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _f16_bits(x):
     """float32 -> F16 bits, round to nearest even (GGML_CPU_FP32_TO_FP16)."""
     return f32_to_f16_bits(x, f32_bits(x))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _f16_round(x):
     """float32 -> nearest F16 value, returned as float32 (GGML_CPU_FP32_TO_FP16 then back)."""
     return f16_to_f32(_f16_bits(x))
 
 
-@njit(cache=True, error_model="numpy")
-def _store_kv(k_cache, v_cache, k, v, pos0):
+@kernel
+def store_kv_kernel(k_cache, v_cache, k, v, pos0):
+    """store_kv's kernel (unchecked; also called from the compiled block loop, kernels/graph.py)."""
     hd_k, hd_v = k_cache.shape[2], v_cache.shape[3]
     for t in range(k.shape[0]):
         p = pos0 + t
@@ -99,14 +101,14 @@ def store_kv(k_cache, v_cache, k, v, pos0):
     [N, n_head_kv * head_dim_v]; row t goes to position pos0 + t. The caller guarantees
     pos0 + N <= n_ctx.
     """
-    _store_kv(k_cache, v_cache, k, v, pos0)
+    store_kv_kernel(k_cache, v_cache, k, v, pos0)
 
 
 # ---------------------------------------------------------------------------------------------
 # The per-head kernel: any head dims, one (row, query head) per iteration.
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _reduce_r16(r, n):
     """r[0, :n] = _mm512_reduce_add_ps's tree over the 16 lanes r[:, :n] (r[1:] is clobbered)."""
     for l in range(8):
@@ -119,7 +121,7 @@ def _reduce_r16(r, n):
         r[0, j] = (r[0, j] + r[2, j]) + (r[1, j] + r[3, j])
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _reduce_lanes64(r, acc, n):
     """r[0, :n] = ggml's reduction of the 64 lane accumulators acc[:, :n] of ggml_vec_dot_f16:
     GGML_F32x16_REDUCE, (acc0 + acc2) + (acc1 + acc3), then _mm512_reduce_add_ps's tree (r is
@@ -130,7 +132,7 @@ def _reduce_lanes64(r, acc, n):
     _reduce_r16(r, n)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
     """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for c0 <= j < n_kv (c0 a multiple of
     64): lane l of 64 takes dims i + l, by fma, kept for the 64 positions of one K tile at a time
@@ -158,7 +160,7 @@ def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
             sd[c + j] = _F32(s)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _pv(out, t, o0, vg, w, c0, n_kv, head_dim_v, b, rv):
     """out[t, o0 + d] = V^T[d] . w (ggml_vec_dot_f16) for d < head_dim_v: lane l of 64 takes
     positions c + l, by fma (b: scratch [64, head_dim_v], rv: [16, head_dim_v]); cells past
@@ -182,14 +184,14 @@ def _pv(out, t, o0, vg, w, c0, n_kv, head_dim_v, b, rv):
         out[t, o0 + d] = rv[0, d]
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _window_start(p, n_swa):
     """The first position query position p attends: p - n_swa + 1 under a sliding window of n_swa
     (llama.cpp's LLAMA_SWA_TYPE_STANDARD masks cell p0 when p - p0 >= n_swa), else 0 (n_swa 0)."""
     return max(0, p - n_swa + 1) if n_swa > 0 else 0
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa):
     """Attention of query head h for row t (th = t * n_head + h), reading KV head h // gqa; kc, vc:
     one layer's cache (kv_shapes); n_swa: the layer's sliding window (0: none).
@@ -221,13 +223,13 @@ def _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v
         np.empty((64, head_dim_v), np.float32), np.empty((16, head_dim_v), np.float32))
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@kernel(parallel=True)
 def _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in prange(q.shape[0] * n_head):
         _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, n_swa):
     for th in range(q.shape[0] * n_head):
         _attend_head(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale, th, n_swa)
@@ -281,7 +283,7 @@ def _f16x16(builder, base, off):
     v = builder.load(builder.bitcast(builder.gep(base, [off]), _V16H.as_pointer()), align=2)
     if HAS_F16C:
         return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _V16F)
-    return _ir_f16_to_f32(builder, v)
+    return ir_f16_to_f32_portable(builder, v)
 
 
 def _bcast16(builder, base, off):
@@ -449,13 +451,13 @@ def _ir_v_expf(builder, x):
     value is v_expf(x): the polynomial j scaled by one multiply; elsewhere see _ir_v_expf_rare."""
     f = lambda c: _vconst(float(c))  # noqa: E731
     r = f(12582912.0)  # 0x1.8p23f
-    z = _fma16(builder, x, f(_LOG2E), r)
+    z = _fma16(builder, x, f(EXPF_LOG2E), r)
     n = builder.fsub(z, r)
     nn = builder.fneg(n)
-    b = _fma16(builder, nn, f(_LN2_LO), _fma16(builder, nn, f(_LN2_HI), x))
+    b = _fma16(builder, nn, f(EXPF_LN2_LO), _fma16(builder, nn, f(EXPF_LN2_HI), x))
     u = builder.fmul(b, b)
-    j = _fma16(builder, _fma16(builder, _fma16(builder, f(_C5), b, f(_C4)), u, _fma16(builder, f(_C3), b, f(_C2))),
-               u, _fma16(builder, f(_C1), b, f(1.0)))
+    j = _fma16(builder, _fma16(builder, _fma16(builder, f(EXPF_C5), b, f(EXPF_C4)), u, _fma16(builder, f(EXPF_C3), b, f(EXPF_C2))),
+               u, _fma16(builder, f(EXPF_C1), b, f(1.0)))
     ok = builder.and_(builder.fcmp_ordered(">=", n, f(-125.0)), builder.fcmp_ordered("<=", n, f(127.0)))
     ni = builder.fptosi(builder.select(ok, n, f(0.0)), _V16I)
     p2 = builder.bitcast(builder.shl(builder.add(ni, _vconst(127, _V16I)), _vconst(23, _V16I)), _V16F)
@@ -478,7 +480,7 @@ def _ir_v_expf_rare(builder, n, j):
 
 def _ir_f32_to_f16(builder, f):
     """<16 x float> -> <16 x i16> F16 bits, round to nearest even (vcvtps2ph with F16C, else
-    common.f32_to_f16_bits per lane)."""
+    scalar.f32_to_f16_bits per lane)."""
     if HAS_F16C:
         return builder.bitcast(builder.fptrunc(f, ir.VectorType(ir.HalfType(), 16)), _V16H)
     c = lambda v: _vconst(v, _V16I)  # noqa: E731
@@ -584,14 +586,14 @@ def sm_round(typingctx, sc, so, n, inv):
             if HAS_F16C:
                 fv = builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F)
             else:
-                fv = _ir_f16_to_f32(builder, h)
+                fv = ir_f16_to_f32_portable(builder, h)
             _vstore(builder, fv, sp, off)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _softmax(sc, so, n_kv, kq_scale):
     """sc[so + j] = the F16-rounded softmax of sc[so + j] * kq_scale for j < n_kv, in place
     (ggml_compute_forward_soft_max_f32 with a zero mask, then mul_mat's conversion of the
@@ -613,7 +615,7 @@ PV_MAX_Q4 = 6
 QK_TILES = 4
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, nblk, qa, qb, n64):
     """Scores of nq queries on nblk consecutive K tiles (kf: one KV head's tiles, the first at ko;
     positions from sc[so]). nq is qa or qb, n64 (64-dim steps) 1 or 2: the literals of the
@@ -624,13 +626,13 @@ def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, nblk, qa, qb, n64):
         _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, qb, n64)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, nq, n64):
     for b in range(nblk):  # one tile (4 columns) per qk16 call
         qk16(sc, so + b * KT, ss, kf, ko + b * n64 * 64 * KT, qf, qo, qs, 4, nq, n64)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq, pa, pb):
     """pv_chain on 64 channels (dv 4) for nq queries, nq the VectorPlan's literal pa or pb."""
     if nq == pa:
@@ -645,16 +647,16 @@ def _chunk_size(n, cap):
     return (n + k - 1) // k
 
 
-_chunk = njit(cache=True, error_model="numpy", inline="always")(_chunk_size)
+_chunk = kernel(inline="always")(_chunk_size)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _lane_steps(n, l):
     """Steps m of lane l (positions 64 m + l) below position n."""
     return (n - l + KT - 1) // KT if n > l else 0
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
     """Decode phase 1, item (KV head g, K tiles b0..b1-1): the scores of g's query heads there.
     sc: float32 [n_head, nctx64], qf: the F16-rounded q [n_head, hd_k], kf: K [n_head_kv, nt,
@@ -666,7 +668,7 @@ def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
                   min(cs, gqa - hc), b1 - b0, qa, qb, n64)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
     lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, from step m0 (a sliding
@@ -682,7 +684,7 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb)
                       m0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """One row at position pos0 (out, q: [1, ...]), in three loops over independent items (parallel
     in a parallel entry, see vector_kernel). ws: Workspace.buf; n_swa: the sliding window (0:
@@ -714,14 +716,14 @@ def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, q
             reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _row_block(j, nrb):
     """Row block of the j-th item of a KV head: 0, nrb - 1, 1, nrb - 2, ... so that consecutive
     items (what a thread takes) pair short early rows with long late ones."""
     return j // 2 if j % 2 == 0 else nrb - 1 - j // 2
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb,
                   qw, sc, acc, n64, qa, qb, pa, pb):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
@@ -794,10 +796,10 @@ def _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64):
     return n_head * (head_dim_k + nctx64 + KT * head_dim_v), R * (head_dim_k + nctx64 + KT * 64), R
 
 
-_ws_sizes_nb = njit(cache=True, error_model="numpy", inline="always")(_ws_sizes)
+_ws_sizes_nb = kernel(inline="always")(_ws_sizes)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _ws_decode(ws, n_head, kc, vc):
     """Views of Workspace.buf for a decode row: qd [n_head, hd_k], scd [n_head, nctx64], accd
     [n_head, 64, hd_v] (one buffer, so that a call unboxes one array)."""
@@ -807,7 +809,7 @@ def _ws_decode(ws, n_head, kc, vc):
             ws[o2:o2 + n_head * KT * hd_v].reshape((n_head, KT, hd_v)))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _ws_thread(ws, tid, n_head, n_head_kv, kc, vc):
     """Views of Workspace.buf for prefill thread tid: qw [R, hd_k], sc [R, nctx64], acc [R, 64, 64]."""
     hd_k, hd_v, nctx64 = kc.shape[2], vc.shape[3], kc.shape[1] * KT
@@ -818,14 +820,14 @@ def _ws_thread(ws, tid, n_head, n_head_kv, kc, vc):
             ws[o2:o0 + npt].reshape((R, KT, 64)))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _prefill_blocks(q, n_head, n_head_kv):
     """(rows per block, blocks) of a prefill batch: up to QK_MAX_Q queries per (KV head, block)."""
     rb = max(1, QK_MAX_Q // (n_head // n_head_kv))
     return rb, (q.shape[0] + rb - 1) // rb
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """A prefill batch (q: N > 1 rows) as independent (KV head, row block) items over the threads,
     each on its thread's scratch (results do not depend on which thread it is); arguments as
@@ -839,7 +841,7 @@ def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n
                       _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
     """The same items in order on the calling thread (for work too small to wake the others). (No
     get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
@@ -881,7 +883,7 @@ class VectorPlan(tuple):
 
 
 _ENTRY = """
-@njit(cache=True, error_model="numpy", parallel={parallel})
+@kernel(parallel={parallel})
 def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
 """
@@ -991,13 +993,13 @@ def _entry(ws, par, decode):
     return vector_kernel(ws.plan, par, decode)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes)."""
     _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
     """_attention_par with the vector kernels' arguments (head dims from the cache's shapes)."""
     _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)

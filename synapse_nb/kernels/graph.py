@@ -17,10 +17,11 @@ compiled once, for every model and batch size.
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, types
+from numba import types
 
 from . import attention as _attn
 from . import ops as _ops
+from .decorator import kernel
 from .native import WEIGHT_ROWS, call_at, kind, native_fn, weight_rows
 
 # The matmuls of a block, in the order of the matmul table's second axis
@@ -119,7 +120,7 @@ class LayerVectors(NamedTuple):
     gelu_table: np.ndarray
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _matmul(e, one, out, x, abuf):
     """out[n] = W . x[n] for matmul table entry e (int64 [ENTRY_FIELDS]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
@@ -136,7 +137,7 @@ def _matmul(e, one, out, x, abuf):
         call_at(_K_MM, e[MM_N], out, w, a, e[NSC])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
     """ya, yb (and yc when n_w is 3) = W . x for one row x and the entries ea, eb, ec fused into
     one call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
@@ -152,7 +153,7 @@ def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
     call_at(_K_MV, ea[MM_1] if one else ea[MM_N], ya, wa, yb, wb, yc, wc, a, ea[NSC])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _add_rows(y, b):
     """y[t] += b for every row t (numpy's y += b: float32 adds)."""
     for t in range(y.shape[0]):
@@ -160,7 +161,7 @@ def _add_rows(y, b):
             y[t, i] += b[i]
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _add_rows_2d(y, b):
     """y += b elementwise, both float32 [n, d]."""
     for t in range(y.shape[0]):
@@ -168,7 +169,7 @@ def _add_rows_2d(y, b):
             y[t, i] += b[t, i]
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _scale_all(y, s):
     """y *= s (float32 scalar): ggml_scale."""
     for t in range(y.shape[0]):
@@ -176,7 +177,7 @@ def _scale_all(y, s):
             y[t, i] *= s
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _head_norms(rms, y, n_heads, head_dim, w, eps):
     """RMS norm of every head of y (float32 [n, n_heads * head_dim]) in place, weight w
     [head_dim]: ggml_rms_norm over ne0 = head_dim of the [head_dim, n_heads, n] view, then the MUL."""
@@ -184,7 +185,7 @@ def _head_norms(rms, y, n_heads, head_dim, w, eps):
     call_at(_K_RMS, rms, yh, yh, w, eps)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _scale_rows(y, s):
     """y[t] *= s[t, 0] for every row t (numpy's y *= s, s float32 [n, 1])."""
     for t in range(y.shape[0]):
@@ -192,7 +193,7 @@ def _scale_rows(y, s):
             y[t, i] *= s[t, 0]
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, all_logits):
     """Every transformer block on the n rows of x, appending each row's K/V to its sequence's cache.
 
@@ -403,7 +404,7 @@ class Tables:
             rows = _ops.row_kernels(m, serial_upto)
             if r == 0:  # the last row goes on after RoPE and the K/V store
                 t[r, ROPE] = self._fn(rows.rope, "rope")
-                t[r, STORE] = self._fn(_attn._store_kv, "store_kv")
+                t[r, STORE] = self._fn(_attn.store_kv_kernel, "store_kv")
             t[r, RMS] = self._fn(rows.rms_norm, "rms_norm")
             t[r, SWIGLU] = self._fn(rows.geglu, "geglu") if self.geglu else self._fn(rows.swiglu, "swiglu")
             t[r, ATTN] = self.attention(ws, m, pos, hp)

@@ -14,14 +14,15 @@ Row kernels that reproduce ggml's CPU backend bit for bit:
   super-block the weight-only work (unpack qb[256] through the same _unpack_* helper as
   vec_dot, the scales and mins, the F16 d / dmin) is done once, then each row does vec_dot's
   activation-dependent steps in its order (d = y.d * ..., min terms from bsums, the 8 chunk dots,
-  the lane fma) into its own 8 accumulators on the stack (common.ROWS_GROUP rows per pass).
+  the lane fma) into its own 8 accumulators on the stack (simd.ROWS_GROUP rows per pass).
   Activations are addressed by flat byte offsets into a (no per-row or per-block views, which
   cost more than the work here).  Integer lanes are exact int32, so where rows_dot forms them
   differently (bsums with one vector multiply, Q3_K / IQ4_XS's two dots per chunk with one
-  scale multiply) they are the same bits.
+  scale multiply) they are the same bits.  Generated from one template (_ROWS_DOT) and a
+  descriptor per format, as vec_dot4 is.
 - ``vec_dot4_T_q8_K(y, m, w, a_row)``: y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4 (w:
   uint8 [M, nb*block bytes], C-contiguous) bit for bit: the matmul drivers' kernel for N == 1 on
-  whole groups of four rows.  Per super-block one intrinsic (common.make_superblock4_dot, built
+  whole groups of four rows.  Per super-block one intrinsic (kquant_ir.make_superblock4_dot, built
   from this file's per-format IR readers of the values and scales) does each row's vec_dot step
   with the four rows' scalar work in vector ops and two rows per 16-lane integer dot and fma; one
   row alone is bound by its scalar scale unpacking and its single fma chain.
@@ -40,7 +41,7 @@ Q5_K keeps a scalar ``summs += dmin * sum(mins * q8sums)`` (fused: gcc contracts
 vfmadd231ss) added last.  Q6_K multiplies the unsigned 6-bit values and subtracts
 ``32 * (scale * bsums)`` per lane afterwards (lane k gets sub-blocks 2k and 2k+1).
 
-Speed: the SIMD pieces come from common.py (the one toolkit): the integer lanes use vpdpbusd
+Speed: the SIMD pieces come from kquant_ir.py and simd.py: the integer lanes use vpdpbusd
 (AVX512-VNNI, 256-bit) when the host has it, else portable LLVM vector IR; the half->float
 conversion is vcvtph2ps with F16C, else exact integer IR; the IQ4 lookup is pshufb or portable.
 
@@ -54,26 +55,24 @@ seen here: the drivers in matmul.py check shapes against the ggml type first.
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit
+from numba import carray
 
-from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_hsum, acc8_zero,  # noqa: F401
-                     acc16_hsum, acc16_lane, acc16_zero, bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add,
-                     dot64_scaled_add, f16_le, f32_bits, fma32, fold16_add, hsum_float_8, iq4_lookup32, ir_bytes,
-                     ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, isum8,
-                     lanes_fma8, load_f32, make_superblock4_dot, pairs_fma4, ptr_offset, stack_f32, stack_i32,
-                     stack_u8, store4_hsum, u32_as_f32, zero16)  # (F401: acc16_*, store4_hsum: the generated vec_dot4)
+from ..formats import format_of
+from .decorator import kernel
+from .kquant_ir import (bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_scaled_add,  # noqa: F401
+                        fold16_add, iq4_lookup32, isum8, lanes_fma8, make_superblock4_dot, pairs_fma4, zero16)
+from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, f16_le, f32_bits, fma32, hsum_float_8, u32_as_f32  # noqa: F401
+from .simd import (ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane, acc16_zero,  # noqa: F401
+                   ir_bytes, ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, load_f32,
+                   ptr_offset, stack_f32, stack_i32, stack_u8, store4_hsum)  # (F401: used by the generated rows_dot / vec_dot4)
 
+# bytes per 256-value super-block, from the one table (gguf_spec.GGML_QUANT_SIZES, via formats)
 QK_K = 256
-Q8_K_BYTES = 292
-Q2_K_BYTES = 84
-Q3_K_BYTES = 110
-Q4_K_BYTES = 144
-Q5_K_BYTES = 176
-Q6_K_BYTES = 210
-IQ4_XS_BYTES = 136
+Q8_K_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, IQ4_XS_BYTES = (
+    format_of(name).type_size for name in ("Q8_K", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _f32(w, o):
     """float32 at bytes w[o..o+3] (little endian)."""
     u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
@@ -81,7 +80,7 @@ def _f32(w, o):
     return u32_as_f32(u)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _k4_scale_min(w, o, j):
     """ggml get_scale_min_k4: 6-bit scale and min j (0..7) of a Q4_K/Q5_K block, scales at w[o..o+11]."""
     if j < 4:
@@ -93,7 +92,7 @@ def _k4_scale_min(w, o, j):
     return sc, m
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _q3_scale(w, o, i):
     """Q3_K 6-bit scale i (0..15) minus 32, scales at w[o..o+11]."""
     lo = (np.int32(w[o + (i & 7)]) >> np.int32(4 * (i >> 3))) & np.int32(15)
@@ -105,7 +104,7 @@ def _q3_scale(w, o, i):
 # Q8_K activations
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_q8_K(out, x):
     """Quantize one activation row to Q8_K blocks (ggml-quants.c quantize_row_q8_K_ref,
     which ggml-cpu's x86 quantize_row_q8_K calls).
@@ -155,7 +154,7 @@ def quantize_row_q8_K(out, x):
 # Dequantization (ggml-quants.c dequantize_row_*, = gguf.quants.dequantize)
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_q2_K(out, w_row):
     """Q2_K row -> float32 (ggml-quants.c dequantize_row_q2_K).
 
@@ -180,7 +179,7 @@ def dequantize_row_q2_K(out, w_row):
                         out[base + t] = dl * np.float32(q) - ml
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_q3_K(out, w_row):
     """Q3_K row -> float32 (ggml-quants.c dequantize_row_q3_K).
 
@@ -191,20 +190,18 @@ def dequantize_row_q3_K(out, w_row):
     for i in range(nb):
         o = i * Q3_K_BYTES
         d = f16_le(w_row, o + 108)
-        for j in range(2):
-            for s in range(4):
-                for h in range(2):
-                    sb = 8 * j + 2 * s + h
-                    dl = d * np.float32(_q3_scale(w_row, o + 96, sb))
-                    base = i * QK_K + 128 * j + 32 * s + 16 * h
-                    for t in range(16):
-                        l = 16 * h + t
-                        ql = (np.int32(w_row[o + 32 + 32 * j + l]) >> np.int32(2 * s)) & np.int32(3)
-                        hb = (np.int32(w_row[o + l]) >> np.int32(4 * j + s)) & np.int32(1)
-                        out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
+        for sb in range(16):  # sub-block sb = 8j + 2s + h: 128-value half j, 2-bit shift s, 16-value part h
+            j, s, h = sb >> 3, (sb >> 1) & 3, sb & 1
+            dl = d * np.float32(_q3_scale(w_row, o + 96, sb))
+            base = i * QK_K + 16 * sb
+            for t in range(16):
+                l = 16 * h + t
+                ql = (np.int32(w_row[o + 32 + 32 * j + l]) >> np.int32(2 * s)) & np.int32(3)
+                hb = (np.int32(w_row[o + l]) >> np.int32(4 * j + s)) & np.int32(1)
+                out[base + t] = dl * np.float32(ql - np.int32(4) + (hb << np.int32(2)))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _dequantize_q45_K(out, w_row, block_bytes, qs_off, high_bits):
     """Q4_K / Q5_K rows -> float32: f16 d, f16 dmin, scales[12] (6-bit scales and mins), then for
     Q5_K (high_bits) qh[32] high bits, then qs[128] low nibbles at qs_off. y = (d*sc)*q - (dmin*m)."""
@@ -233,7 +230,7 @@ def _dequantize_q45_K(out, w_row, block_bytes, qs_off, high_bits):
                 out[base + 32 + t] = d2 * np.float32(q2) - mm2
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_q4_K(out, w_row):
     """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
 
@@ -243,7 +240,7 @@ def dequantize_row_q4_K(out, w_row):
     _dequantize_q45_K(out, w_row, Q4_K_BYTES, 16, False)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_q5_K(out, w_row):
     """Q5_K row -> float32 (ggml-quants.c dequantize_row_q5_K).
 
@@ -253,7 +250,7 @@ def dequantize_row_q5_K(out, w_row):
     _dequantize_q45_K(out, w_row, Q5_K_BYTES, 48, True)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_q6_K(out, w_row):
     """Q6_K row -> float32 (ggml-quants.c dequantize_row_q6_K).
 
@@ -281,7 +278,7 @@ def dequantize_row_q6_K(out, w_row):
                 out[base + 96] = (d * np.float32(np.int8(w_row[isc + 6]))) * np.float32(q4)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_iq4_xs(out, w_row):
     """IQ4_XS row -> float32 (ggml-quants.c dequantize_row_iq4_xs).
 
@@ -306,29 +303,30 @@ def dequantize_row_iq4_xs(out, w_row):
 
 
 # ---------------------------------------------------------------------------------------
-# Dot products with Q8_K activations (ggml-cpu/arch/x86/quants.c, AVX2 path)
+# Dot products with Q8_K activations (ggml-cpu/arch/x86/quants.c, AVX2 path): their pieces
 # ---------------------------------------------------------------------------------------
 # Per super-block: the weights are unpacked into qb[256] (uint8, value order: a flat,
 # vectorized byte loop), then each 32-value chunk adds scale * (4-value dot products) into
-# the eight int32 lanes p[8] (common.dot32_scaled_add: one vpdpbusd with AVX512-VNNI), then
-# acc = fma(d, float(p), acc) lane-wise (common.lanes_fma8).  Signed weights are stored with an
+# the eight int32 lanes p[8] (kquant_ir.dot32_scaled_add: one vpdpbusd with AVX512-VNNI), then
+# acc = fma(d, float(p), acc) lane-wise (kquant_ir.lanes_fma8).  Signed weights are stored with an
 # offset and the offset's dot product is subtracted, as ggml does; every step is exact int32.
 # Each block is taken as a slice (w, y): indices into it are then small non-negative loop
 # values, which lets LLVM drop Numba's negative-index checks and vectorize the byte loops.
 # Q8_K block y: d = f32 at byte 0, qs = int8 at bytes 4..259, bsums = int16 at int16 index 130.
 # ``scratch`` (driver contract, int32[>= 2K+128]) is accepted but not needed: the per-block
-# buffers live on the stack.
+# buffers live on the stack.  The vec_dot_T_q8_K themselves are generated at the end of this
+# file (_VEC_DOT), from the per-format code of ggml's loop.
 
 
 # ---------------------------------------------------------------------------------------
-# Multi-row dots (rows_dot_T_q8_K, below each vec_dot): the per-row pieces
+# Multi-row dots (rows_dot_T_q8_K, generated at the end of this file): the per-row pieces
 # ---------------------------------------------------------------------------------------
 # Per row and super-block, vec_dot's eight dot32_scaled_add calls become four dot64_scaled_add
 # (two 32-value chunks per vpdpbusd.512 / vpmulld on one zmm) and a fold of the two halves: the
 # same exact int32 lanes.  The per-lane scale vectors (sv) are weight-only, built once per block.
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _chunk_scales(sv, sc, per_half):
     """sv[8c + k] = the scale of lane k of 32-value chunk c (c < 8): sc[c] (one scale per chunk:
     Q4_K, Q5_K, IQ4_XS) or, per_half, sc[2c] for k < 4 and sc[2c+1] for k >= 4 (16-value
@@ -340,7 +338,7 @@ def _chunk_scales(sv, sc, per_half):
             sv[j] = sc[j // 8]
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _k4_min_pairs(mins, sc):
     """mins[2c] = mins[2c+1] = min c (sc[8 + c] from _k4_unpack): bsums_madd8's coefficients, so
     that lane c is min c * (bsums[2c] + bsums[2c+1])."""
@@ -349,7 +347,7 @@ def _k4_min_pairs(mins, sc):
         mins[2 * c + 1] = sc[8 + c]
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _lanes_add(p, p16, qb, a, yo, sv):
     """p[0:8] += the super-block's 8 int32 lanes: sum over chunks c of sv[8c + k] * the 4-value
     sums of qb[32c:] * the Q8_K values at a[yo + 4 + 32c:] (vec_dot's dot32_scaled_add loop)."""
@@ -359,7 +357,7 @@ def _lanes_add(p, p16, qb, a, yo, sv):
     fold16_add(p, p16)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _lanes_diff_add(p, p16, qb, qh, h_step, a, yo, sv):
     """As _lanes_add for weights qb - qh (chunk c of qh at h_step * c): vec_dot's pairs of
     dot32_scaled_add with scales s and -s."""
@@ -369,47 +367,7 @@ def _lanes_diff_add(p, p16, qb, qh, h_step, a, yo, sv):
     fold16_add(p, p16)
 
 
-@njit(cache=True, error_model="numpy")
-def vec_dot_q2_K_q8_K(w_row, a_row, scratch):
-    """Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*84]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block, eight
-    lanes get fma(-y.d*dmin, mins[2k]*bsums[2k] + mins[2k+1]*bsums[2k+1]), then
-    fma(y.d*d, lane k); result hsum_float_8.
-    """
-    nb = w_row.size // Q2_K_BYTES
-    a16 = a_row.view(np.int16)
-    p = carray(stack_i32(8), 8)
-    pm = carray(stack_i32(8), 8)
-    sc = carray(stack_i32(32), 32)
-    qb = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(8), 8)
-    for k in range(8):
-        acc[k] = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * Q2_K_BYTES:(i + 1) * Q2_K_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
-        yd = _f32(y, 0)
-        d = yd * f16_le(w, 80)
-        dmin = -yd * f16_le(w, 82)
-        for j in range(16):
-            b = np.int32(w[j])
-            sc[j] = b & np.int32(15)
-            sc[16 + j] = b >> np.int32(4)
-        for k in range(8):
-            pm[k] = sc[16 + 2 * k] * np.int32(y16[130 + 2 * k]) + sc[17 + 2 * k] * np.int32(y16[131 + 2 * k])
-        lanes_fma8(acc, dmin, pm)
-        _unpack_2bit(qb, w, 16)
-        for k in range(8):
-            p[k] = 0
-        for c in range(8):
-            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _unpack_2bit(qb, w, o):
     """qb[0:256] = the 2-bit values of the 64 bytes w[o:o+64] (Q2_K / Q3_K qs) in value order."""
     for j in range(2):
@@ -421,81 +379,7 @@ def _unpack_2bit(qb, w, o):
             qb[128 * j + 96 + t] = b >> np.uint8(6)
 
 
-@njit(cache=True, error_model="numpy")
-def rows_dot_q2_K_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_q2_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
-
-    y: float32[N, M]; w_row: uint8[nb*84]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // Q2_K_BYTES
-    rb = a.shape[1]
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    pm = stack_i32(8)
-    sc = carray(stack_i32(16), 16)
-    sv = carray(stack_i32(64), 64)
-    mins = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for i in range(nb):
-            w = w_row[i * Q2_K_BYTES:(i + 1) * Q2_K_BYTES]
-            dw = f16_le(w, 80)
-            dminw = f16_le(w, 82)
-            for j in range(16):
-                b = np.int32(w[j])
-                sc[j] = b & np.int32(15)
-                mins[j] = b >> np.int32(4)
-            _chunk_scales(sv, sc, True)
-            _unpack_2bit(qb, w, 16)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                yd = load_f32(a, yo)
-                bsums_madd8(pm, mins, a, yo + 260)
-                lanes_fma8(ptr_offset(accs, 8 * n), -yd * dminw, pm)
-                acc8_zero(p)
-                _lanes_add(p, p16, qb, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
-@njit(cache=True, error_model="numpy")
-def vec_dot_q3_K_q8_K(w_row, a_row, scratch):
-    """Dot of a Q3_K row with a Q8_K row -> float32 (ggml_vec_dot_q3_K_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*110]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(y.d*d, lane k) over (scale-32) * (q2 - (hbit ? 0 : 4)) * q8, the low
-    2 bits and the "minus 4" part dotted separately as in ggml.
-    """
-    nb = w_row.size // Q3_K_BYTES
-    p = carray(stack_i32(8), 8)
-    sc = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    qh = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(8), 8)
-    for k in range(8):
-        acc[k] = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * Q3_K_BYTES:(i + 1) * Q3_K_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        d = _f32(y, 0) * f16_le(w, 108)
-        for j in range(16):
-            sc[j] = _q3_scale(w, 96, j)
-        _unpack_q3_K(qb, qh, w)
-        for k in range(8):
-            p[k] = 0
-        for c in range(8):
-            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-            dot32_scaled_add(p, qh, 32 * c, y, 4 + 32 * c, -sc[2 * c], -sc[2 * c + 1])
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _unpack_q3_K(qb, qh, w):
     """Q3_K block w (its 110 bytes) -> qb[0:256] its low 2 bits and qh[0:256] its "minus 4"
     (4 where the high bit is clear, else 0), in value order: the value is qb - qh."""
@@ -509,43 +393,7 @@ def _unpack_q3_K(qb, qh, w):
             qh[128 * j + 96 + t] = (((hm >> np.uint8(3)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
 
 
-@njit(cache=True, error_model="numpy")
-def rows_dot_q3_K_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_q3_K_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
-    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
-
-    y: float32[N, M]; w_row: uint8[nb*110]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // Q3_K_BYTES
-    rb = a.shape[1]
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    sc = carray(stack_i32(16), 16)
-    sv = carray(stack_i32(64), 64)
-    qb = carray(stack_u8(256), 256)
-    qh = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for i in range(nb):
-            w = w_row[i * Q3_K_BYTES:(i + 1) * Q3_K_BYTES]
-            dw = f16_le(w, 108)
-            for j in range(16):
-                sc[j] = _q3_scale(w, 96, j)
-            _chunk_scales(sv, sc, True)
-            _unpack_q3_K(qb, qh, w)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                acc8_zero(p)
-                _lanes_diff_add(p, p16, qb, qh, 32, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), load_f32(a, yo) * dw, p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
-@njit(cache=True, error_model="numpy")
+@kernel
 def _k4_unpack(sc, w, o):
     """Unpack the 12 packed bytes at w[o..o+11] into sc[0..7] = scales, sc[8..15] = mins
     (ggml get_scale_min_k4 for j = 0..7)."""
@@ -559,45 +407,7 @@ def _k4_unpack(sc, w, o):
         sc[12 + j] = (b2 >> np.int32(4)) | ((b1 >> np.int32(6)) << np.int32(4))
 
 
-@njit(cache=True, error_model="numpy")
-def vec_dot_q4_K_q8_K(w_row, a_row, scratch):
-    """Dot of a Q4_K row with a Q8_K row -> float32 (ggml_vec_dot_q4_K_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*144]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(y.d*d, lane k); four min lanes accm[m] = fma(-y.d*dmin,
-    mins[2m]*s[2m] + mins[2m+1]*s[2m+1]) with s[c] = bsums[2c] + bsums[2c+1].
-    Result hsum_float_8(acc) + ((accm0+accm2) + (accm1+accm3)).
-    """
-    nb = w_row.size // Q4_K_BYTES
-    a16 = a_row.view(np.int16)
-    p = carray(stack_i32(8), 8)
-    sc = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(12), 12)
-    for k in range(12):
-        acc[k] = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * Q4_K_BYTES:(i + 1) * Q4_K_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
-        yd = _f32(y, 0)
-        d = yd * f16_le(w, 0)
-        dmin = -yd * f16_le(w, 2)
-        _k4_unpack(sc, w, 4)
-        for m in range(4):
-            qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
-            qc = np.int32(y16[132 + 4 * m]) + np.int32(y16[133 + 4 * m])
-            acc[8 + m] = fma32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
-        _unpack_q4_K(qb, w)
-        for k in range(8):
-            p[k] = 0
-        for c in range(8):
-            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc) + ((acc[8] + acc[10]) + (acc[9] + acc[11]))
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _unpack_q4_K(qb, w):
     """qb[0:256] = the 4-bit values of the Q4_K block w (its 144 bytes), in value order."""
     for j in range(4):
@@ -607,91 +417,7 @@ def _unpack_q4_K(qb, w):
             qb[64 * j + 32 + t] = b >> np.uint8(4)
 
 
-@njit(cache=True, error_model="numpy")
-def rows_dot_q4_K_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_q4_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
-
-    y: float32[N, M]; w_row: uint8[nb*144]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // Q4_K_BYTES
-    rb = a.shape[1]
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    pm = stack_i32(8)
-    sc = carray(stack_i32(16), 16)
-    sv = carray(stack_i32(64), 64)
-    mins = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    accm = stack_f32(256)  # 4 min lanes x ROWS_GROUP rows
-    accm_a = carray(accm, 256)
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for k in range(4 * ng):
-            accm_a[k] = np.float32(0.0)
-        for i in range(nb):
-            w = w_row[i * Q4_K_BYTES:(i + 1) * Q4_K_BYTES]
-            dw = f16_le(w, 0)
-            dminw = f16_le(w, 2)
-            _k4_unpack(sc, w, 4)
-            _k4_min_pairs(mins, sc)
-            _chunk_scales(sv, sc, False)
-            _unpack_q4_K(qb, w)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                yd = load_f32(a, yo)
-                # min lane m: mins[2m] * (bs[4m] + bs[4m+1]) + mins[2m+1] * (bs[4m+2] + bs[4m+3])
-                bsums_madd8(pm, mins, a, yo + 260)
-                pairs_fma4(ptr_offset(accm, 4 * n), -yd * dminw, pm)
-                acc8_zero(p)
-                _lanes_add(p, p16, qb, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + (
-                (accm_a[4 * n] + accm_a[4 * n + 2]) + (accm_a[4 * n + 1] + accm_a[4 * n + 3]))
-
-
-@njit(cache=True, error_model="numpy")
-def vec_dot_q5_K_q8_K(w_row, a_row, scratch):
-    """Dot of a Q5_K row with a Q8_K row -> float32 (ggml_vec_dot_q5_K_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*176]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(y.d*d, lane k); summs = fma(-y.d*dmin, sum_c mins[c]*(bsums[2c] +
-    bsums[2c+1]), summs).  Result hsum_float_8(acc) + summs.
-    """
-    nb = w_row.size // Q5_K_BYTES
-    a16 = a_row.view(np.int16)
-    p = carray(stack_i32(8), 8)
-    sc = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(8), 8)
-    for k in range(8):
-        acc[k] = np.float32(0.0)
-    summs = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * Q5_K_BYTES:(i + 1) * Q5_K_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
-        yd = _f32(y, 0)
-        d = yd * f16_le(w, 0)
-        dmin = -yd * f16_le(w, 2)
-        _k4_unpack(sc, w, 4)
-        msum = np.int32(0)
-        for c in range(8):
-            msum += sc[8 + c] * (np.int32(y16[130 + 2 * c]) + np.int32(y16[131 + 2 * c]))
-        summs = fma32(dmin, np.float32(msum), summs)
-        _unpack_q5_K(qb, w)
-        for k in range(8):
-            p[k] = 0
-        for c in range(8):
-            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[c], sc[c])
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc) + summs
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _unpack_q5_K(qb, w):
     """qb[0:256] = the 5-bit values of the Q5_K block w (its 176 bytes), in value order."""
     for j in range(4):
@@ -702,85 +428,7 @@ def _unpack_q5_K(qb, w):
             qb[64 * j + 32 + t] = (b >> np.uint8(4)) | (((h >> np.uint8(1)) & np.uint8(1)) << np.uint8(4))
 
 
-@njit(cache=True, error_model="numpy")
-def rows_dot_q5_K_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_q5_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
-
-    y: float32[N, M]; w_row: uint8[nb*176]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // Q5_K_BYTES
-    rb = a.shape[1]
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    pm = stack_i32(8)
-    sc = carray(stack_i32(16), 16)
-    sv = carray(stack_i32(64), 64)
-    mins = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    summs = carray(stack_f32(64), 64)  # one per row of the group
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-            summs[n] = np.float32(0.0)
-        for i in range(nb):
-            w = w_row[i * Q5_K_BYTES:(i + 1) * Q5_K_BYTES]
-            dw = f16_le(w, 0)
-            dminw = f16_le(w, 2)
-            _k4_unpack(sc, w, 4)
-            _k4_min_pairs(mins, sc)
-            _chunk_scales(sv, sc, False)
-            _unpack_q5_K(qb, w)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                yd = load_f32(a, yo)
-                bsums_madd8(pm, mins, a, yo + 260)  # msum = the sum of its lanes (exact int32)
-                summs[n] = fma32(-yd * dminw, np.float32(isum8(pm)), summs[n])
-                acc8_zero(p)
-                _lanes_add(p, p16, qb, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), yd * dw, p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)) + summs[n]
-
-
-@njit(cache=True, error_model="numpy")
-def vec_dot_q6_K_q8_K(w_row, a_row, scratch):
-    """Dot of a Q6_K row with a Q8_K row -> float32 (ggml_vec_dot_q6_K_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*210]; a_row: uint8[nb*292]; scratch: int32 (unused).  ggml multiplies
-    the unsigned 6-bit values (0..63) and takes the -32 offset out afterwards, per lane:
-    lane k = sum(scale * q * q8 at positions 4k..4k+3 of each chunk)
-             - 32 * (scale[2k]*bsums[2k] + scale[2k+1]*bsums[2k+1]),
-    then acc[k] = fma(y.d*d, lane k, acc[k]); result hsum_float_8.
-    """
-    nb = w_row.size // Q6_K_BYTES
-    a16 = a_row.view(np.int16)
-    p = carray(stack_i32(8), 8)
-    sc = carray(stack_i32(16), 16)
-    qb = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(8), 8)
-    for k in range(8):
-        acc[k] = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * Q6_K_BYTES:(i + 1) * Q6_K_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]
-        d = _f32(y, 0) * f16_le(w, 208)
-        for j in range(16):
-            sc[j] = np.int32(np.int8(w[192 + j]))
-        _unpack_q6_K(qb, w)
-        for k in range(8):
-            # the -32 offset of lane k: sub-blocks 2k, 2k+1 (ggml's q8sclsub), exact int32
-            p[k] = -((sc[2 * k] * np.int32(y16[130 + 2 * k])
-                      + sc[2 * k + 1] * np.int32(y16[131 + 2 * k])) << np.int32(5))
-        for c in range(8):
-            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, sc[2 * c], sc[2 * c + 1])
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _unpack_q6_K(qb, w):
     """qb[0:256] = the unsigned 6-bit values (0..63) of the Q6_K block w (its 210 bytes)."""
     for j in range(2):
@@ -794,123 +442,15 @@ def _unpack_q6_K(qb, w):
             qb[128 * j + 96 + t] = (b >> np.uint8(4)) | ((h >> np.uint8(6)) << np.uint8(4))
 
 
-@njit(cache=True, error_model="numpy")
-def rows_dot_q6_K_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_q6_K_q8_K(w_row, a[n]) for every row n of a (bit for bit).
-
-    y: float32[N, M]; w_row: uint8[nb*210]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // Q6_K_BYTES
-    rb = a.shape[1]
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    sc = carray(stack_i32(16), 16)
-    sc32 = carray(stack_i32(16), 16)
-    sv = carray(stack_i32(64), 64)
-    qb = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for i in range(nb):
-            w = w_row[i * Q6_K_BYTES:(i + 1) * Q6_K_BYTES]
-            dw = f16_le(w, 208)
-            for j in range(16):
-                sc[j] = np.int32(np.int8(w[192 + j]))
-                sc32[j] = sc[j] * np.int32(-32)  # -((s0*b0 + s1*b1) << 5) == (-32*s0)*b0 + (-32*s1)*b1 (int32)
-            _chunk_scales(sv, sc, True)
-            _unpack_q6_K(qb, w)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                d = load_f32(a, yo) * dw
-                bsums_madd8(p, sc32, a, yo + 260)  # the -32 offset of each lane (vec_dot's p init)
-                _lanes_add(p, p16, qb, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), d, p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
-
-
 # the IQ4 weights are looked up as kvalues_iq4nl + 128 (unsigned bytes for the 4-value dots)
 _U8_128 = np.full(64, 128, np.uint8)  # (64: two chunks for dot64_diff_scaled_add)
-
-
-@njit(cache=True, error_model="numpy")
-def vec_dot_iq4_xs_q8_K(w_row, a_row, scratch):
-    """Dot of an IQ4_XS row with a Q8_K row -> float32 (ggml_vec_dot_iq4_xs_q8_K, x86 AVX2).
-
-    w_row: uint8[nb*136]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
-    acc[k] = fma(fp16(d)*y.d, lane k) over (ls - 32) * kvalues[q] * q8 (dotted as
-    (kvalues + 128) * q8 minus 128 * q8, exact int32).
-    """
-    nb = w_row.size // IQ4_XS_BYTES
-    c128 = _U8_128
-    p = carray(stack_i32(8), 8)
-    qb = carray(stack_u8(256), 256)
-    acc = carray(stack_f32(8), 8)
-    for k in range(8):
-        acc[k] = np.float32(0.0)
-    for i in range(nb):
-        w = w_row[i * IQ4_XS_BYTES:(i + 1) * IQ4_XS_BYTES]
-        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
-        d = f16_le(w, 0) * _f32(y, 0)
-        sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
-        for ib in range(8):
-            iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
-        for k in range(8):
-            p[k] = 0
-        for ib in range(8):
-            ls = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
-                  | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
-            dot32_scaled_add(p, qb, 32 * ib, y, 4 + 32 * ib, ls, ls)
-            dot32_scaled_add(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)
-        lanes_fma8(acc, d, p)
-    return hsum_float_8(acc)
-
-
-@njit(cache=True, error_model="numpy")
-def rows_dot_iq4_xs_q8_K(y, m, w_row, a):
-    """y[n, m] = vec_dot_iq4_xs_q8_K(w_row, a[n]) for every row n of a (bit for bit; each chunk's
-    two scaled dots in one multiply, common.dot64_diff_scaled_add: the same int32 lanes).
-
-    y: float32[N, M]; w_row: uint8[nb*136]; a: uint8[N, nb*292] (C-contiguous).
-    """
-    nb = w_row.size // IQ4_XS_BYTES
-    rb = a.shape[1]
-    c128 = _U8_128
-    p = stack_i32(8)
-    p16 = stack_i32(16)
-    ls = carray(stack_i32(8), 8)
-    sv = carray(stack_i32(64), 64)
-    qb = carray(stack_u8(256), 256)
-    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
-    for g in range(0, a.shape[0], ROWS_GROUP):
-        ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            acc8_zero(ptr_offset(accs, 8 * n))
-        for i in range(nb):
-            w = w_row[i * IQ4_XS_BYTES:(i + 1) * IQ4_XS_BYTES]
-            dw = f16_le(w, 0)
-            sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
-            for ib in range(8):
-                iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)
-                ls[ib] = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
-                          | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
-            _chunk_scales(sv, ls, False)
-            for n in range(ng):
-                yo = (g + n) * rb + i * Q8_K_BYTES
-                acc8_zero(p)
-                _lanes_diff_add(p, p16, qb, c128, 0, a, yo, sv)
-                lanes_fma8(ptr_offset(accs, 8 * n), dw * load_f32(a, yo), p)
-        for n in range(ng):
-            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n))
 
 
 # ---------------------------------------------------------------------------------------
 # Four weight rows per call (the matvec, N == 1): vec_dot4_T_q8_K(y, m, w, a_row)
 # ---------------------------------------------------------------------------------------
 # y[m + r] = vec_dot_T_q8_K(w[m + r], a_row) for r < 4, bit for bit: per super-block one
-# common.make_superblock4_dot intrinsic does each row's vec_dot step (the same int32 lanes, the
+# kquant_ir.make_superblock4_dot intrinsic does each row's vec_dot step (the same int32 lanes, the
 # same float32 roundings) with the four rows' scalars in shared vector operations, two rows per
 # 16-lane integer dot / fma, and a prefetch of the rows ahead (as the legacy formats' vec_dot4).
 # The per-format pieces below give it, in LLVM IR, the stored values of a 32-value chunk and the
@@ -1020,7 +560,8 @@ def _scales_iq4_xs(b, p):
     return b.sub(b.or_(lo, hi), _i32x([32] * 16)), None
 
 
-# stem: (block bytes, make_superblock4_dot arguments after block_bytes)
+# stem: (block bytes, make_superblock4_dot arguments after block_bytes; rows_dot reads d_off,
+# per_half and mins too)
 _SB4 = {
     "q2_K": (Q2_K_BYTES, dict(d_off=80, values=_vals_q2_K, scales=_scales_q2_K, per_half=True, dmin_off=82,
                               mins="lanes")),
@@ -1044,7 +585,7 @@ _TAIL = {
 }
 
 _VEC_DOT4 = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_{w}_q8_K(y, m, w, a_row):
     """y[m + r] = vec_dot_{w}_q8_K(w[m + r], a_row) for r < 4, bit for bit (_sb4_{w} per super-block).
 
@@ -1063,3 +604,270 @@ def vec_dot4_{w}_q8_K(y, m, w, a_row):
 
 for _stem, (_wb, _) in _SB4.items():
     exec(compile(_VEC_DOT4.format(w=_stem, WB=_wb, tail=_TAIL.get(_stem, "")), __file__, "exec"), globals())
+
+
+# ---------------------------------------------------------------------------------------
+# The generated dots: one template per kind (vec_dot, rows_dot) and a descriptor per format
+# ---------------------------------------------------------------------------------------
+# A template line ending in "  #tag" is kept only for the formats with that tag (_tags: the min
+# term as _SB4's ``mins`` names it -- lanes (Q2_K: into the 8 lanes first), four (Q4_K: four min
+# lanes added last), scalar (Q5_K: one sum added last), bsums32 (Q6_K: the lanes start at -32 *
+# scale * bsums) --; min: a dmin and mins (Q2_K, Q4_K, Q5_K); zero: the lanes start at 0 (all
+# but Q6_K); bsums: reads the Q8_K bsums; sc: scales in sc[] (all but IQ4_XS); qh: Q3_K's
+# "minus 4" values; c128: IQ4_XS's 128 offset).  A line holding only "{name}" becomes the
+# format's code block of that name, at the line's indent.
+
+_EXTRA_TAGS = {"q2_K": {"sc"}, "q3_K": {"sc", "qh"}, "q4_K": {"sc"}, "q5_K": {"sc"}, "q6_K": {"sc"},
+               "iq4_xs": {"c128"}}
+
+
+def _tags(stem):
+    mins = _SB4[stem][1].get("mins")
+    return _EXTRA_TAGS[stem] | {mins, "min" if mins in ("lanes", "four", "scalar") else None,
+                                "bsums" if mins else None, None if mins == "bsums32" else "zero"}
+
+
+def _generate(template, stem, blocks, **fields):
+    """Compile ``template`` for format ``stem`` into this module: its tagged lines and code blocks
+    (see above), then str.format with w, WB, D, per_half and ``fields`` (under this file's name,
+    so that Numba's cache finds the functions again, as matmul.py's drivers)."""
+    wb, kw = _SB4[stem]
+    tags = _tags(stem)
+    lines = []
+    for line in template.splitlines():
+        code, _, tag = line.rpartition("  #")
+        if code and tag.isidentifier():
+            if tag not in tags:
+                continue
+            line = code
+        name = line.strip()
+        if name.startswith("{") and name.endswith("}") and name[1:-1] in blocks:
+            indent = line[:len(line) - len(line.lstrip())]
+            lines += [indent + c for c in blocks[name[1:-1]].splitlines()]
+        else:
+            lines.append(line)
+    src = "\n".join(lines).format(w=stem, WB=wb, D=kw["d_off"], per_half=kw["per_half"], **fields)
+    exec(compile(src, __file__, "exec"), globals())
+
+
+# vec_dot_T_q8_K(w_row, a_row, scratch): ggml_vec_dot_T_q8_K's loop as ggml writes it, one row.
+# Per format (_VEC_DOTS): its docstring, the block step before the lanes start (d, the scales and
+# mins, the min term, the unpacking), the chunk dots where they are not the plain per-chunk ones.
+_VEC_DOT = """
+@kernel
+def vec_dot_{w}_q8_K(w_row, a_row, scratch):
+    '''{doc}'''
+    nb = w_row.size // {WB}
+    a16 = a_row.view(np.int16)  #bsums
+    c128 = _U8_128  #c128
+    p = carray(stack_i32(8), 8)
+    pm = carray(stack_i32(8), 8)  #lanes
+    sc = carray(stack_i32({nsc}), {nsc})  #sc
+    qb = carray(stack_u8(256), 256)
+    qh = carray(stack_u8(256), 256)  #qh
+    acc = carray(stack_f32({nacc}), {nacc})
+    for k in range({nacc}):
+        acc[k] = np.float32(0.0)
+    summs = np.float32(0.0)  #scalar
+    for i in range(nb):
+        w = w_row[i * {WB}:(i + 1) * {WB}]
+        y = a_row[i * Q8_K_BYTES:(i + 1) * Q8_K_BYTES]
+        y16 = a16[i * (Q8_K_BYTES // 2):(i + 1) * (Q8_K_BYTES // 2)]  #bsums
+        {block}
+        for k in range(8):  #zero
+            p[k] = 0  #zero
+        for c in range(8):  #sc
+            dot32_scaled_add(p, qb, 32 * c, y, 4 + 32 * c, {s_lo}, {s_hi})  #sc
+            dot32_scaled_add(p, qh, 32 * c, y, 4 + 32 * c, -{s_lo}, -{s_hi})  #qh
+        {chunks}
+        lanes_fma8(acc, d, p)
+    return hsum_float_8(acc){tail}
+"""
+
+_VEC_DOTS = {
+    "q2_K": ("""Dot of a Q2_K row with a Q8_K row -> float32 (ggml_vec_dot_q2_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*84]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block, eight
+    lanes get fma(-y.d*dmin, mins[2k]*bsums[2k] + mins[2k+1]*bsums[2k+1]), then
+    fma(y.d*d, lane k); result hsum_float_8.
+    """, """yd = _f32(y, 0)
+d = yd * f16_le(w, 80)
+dmin = -yd * f16_le(w, 82)
+for j in range(16):
+    b = np.int32(w[j])
+    sc[j] = b & np.int32(15)
+    sc[16 + j] = b >> np.int32(4)
+for k in range(8):
+    pm[k] = sc[16 + 2 * k] * np.int32(y16[130 + 2 * k]) + sc[17 + 2 * k] * np.int32(y16[131 + 2 * k])
+lanes_fma8(acc, dmin, pm)
+_unpack_2bit(qb, w, 16)""", ""),
+    "q3_K": ("""Dot of a Q3_K row with a Q8_K row -> float32 (ggml_vec_dot_q3_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*110]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k) over (scale-32) * (q2 - (hbit ? 0 : 4)) * q8, the low
+    2 bits and the "minus 4" part dotted separately as in ggml.
+    """, """d = _f32(y, 0) * f16_le(w, 108)
+for j in range(16):
+    sc[j] = _q3_scale(w, 96, j)
+_unpack_q3_K(qb, qh, w)""", ""),
+    "q4_K": ("""Dot of a Q4_K row with a Q8_K row -> float32 (ggml_vec_dot_q4_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*144]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k); four min lanes accm[m] = fma(-y.d*dmin,
+    mins[2m]*s[2m] + mins[2m+1]*s[2m+1]) with s[c] = bsums[2c] + bsums[2c+1].
+    Result hsum_float_8(acc) + ((accm0+accm2) + (accm1+accm3)).
+    """, """yd = _f32(y, 0)
+d = yd * f16_le(w, 0)
+dmin = -yd * f16_le(w, 2)
+_k4_unpack(sc, w, 4)
+for m in range(4):
+    qa = np.int32(y16[130 + 4 * m]) + np.int32(y16[131 + 4 * m])
+    qc = np.int32(y16[132 + 4 * m]) + np.int32(y16[133 + 4 * m])
+    acc[8 + m] = fma32(dmin, np.float32(sc[8 + 2 * m] * qa + sc[9 + 2 * m] * qc), acc[8 + m])
+_unpack_q4_K(qb, w)""", ""),
+    "q5_K": ("""Dot of a Q5_K row with a Q8_K row -> float32 (ggml_vec_dot_q5_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*176]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(y.d*d, lane k); summs = fma(-y.d*dmin, sum_c mins[c]*(bsums[2c] +
+    bsums[2c+1]), summs).  Result hsum_float_8(acc) + summs.
+    """, """yd = _f32(y, 0)
+d = yd * f16_le(w, 0)
+dmin = -yd * f16_le(w, 2)
+_k4_unpack(sc, w, 4)
+msum = np.int32(0)
+for c in range(8):
+    msum += sc[8 + c] * (np.int32(y16[130 + 2 * c]) + np.int32(y16[131 + 2 * c]))
+summs = fma32(dmin, np.float32(msum), summs)
+_unpack_q5_K(qb, w)""", ""),
+    "q6_K": ("""Dot of a Q6_K row with a Q8_K row -> float32 (ggml_vec_dot_q6_K_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*210]; a_row: uint8[nb*292]; scratch: int32 (unused).  ggml multiplies
+    the unsigned 6-bit values (0..63) and takes the -32 offset out afterwards, per lane:
+    lane k = sum(scale * q * q8 at positions 4k..4k+3 of each chunk)
+             - 32 * (scale[2k]*bsums[2k] + scale[2k+1]*bsums[2k+1]),
+    then acc[k] = fma(y.d*d, lane k, acc[k]); result hsum_float_8.
+    """, """d = _f32(y, 0) * f16_le(w, 208)
+for j in range(16):
+    sc[j] = np.int32(np.int8(w[192 + j]))
+_unpack_q6_K(qb, w)
+for k in range(8):
+    # the -32 offset of lane k: sub-blocks 2k, 2k+1 (ggml's q8sclsub), exact int32
+    p[k] = -((sc[2 * k] * np.int32(y16[130 + 2 * k])
+              + sc[2 * k + 1] * np.int32(y16[131 + 2 * k])) << np.int32(5))""", ""),
+    "iq4_xs": ("""Dot of an IQ4_XS row with a Q8_K row -> float32 (ggml_vec_dot_iq4_xs_q8_K, x86 AVX2).
+
+    w_row: uint8[nb*136]; a_row: uint8[nb*292]; scratch: int32 (unused).  Per block:
+    acc[k] = fma(fp16(d)*y.d, lane k) over (ls - 32) * kvalues[q] * q8 (dotted as
+    (kvalues + 128) * q8 minus 128 * q8, exact int32).
+    """, """d = f16_le(w, 0) * _f32(y, 0)
+sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))
+for ib in range(8):
+    iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)""", """for ib in range(8):
+    ls = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))
+          | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)
+    dot32_scaled_add(p, qb, 32 * ib, y, 4 + 32 * ib, ls, ls)
+    dot32_scaled_add(p, c128, 0, y, 4 + 32 * ib, -ls, -ls)"""),
+}
+# what vec_dot adds to hsum_float_8 of its 8 lanes
+_VEC_DOT_TAIL = {"four": " + ((acc[8] + acc[10]) + (acc[9] + acc[11]))", "scalar": " + summs"}
+
+for _stem, (_doc, _block, _chunks) in _VEC_DOTS.items():
+    _mins = _SB4[_stem][1].get("mins")
+    _generate(_VEC_DOT, _stem, dict(block=_block, chunks=_chunks), doc=_doc, nsc=32 if _mins == "lanes" else 16,
+              nacc=12 if _mins == "four" else 8, tail=_VEC_DOT_TAIL.get(_mins, ""),
+              s_lo="sc[2 * c]" if _SB4[_stem][1]["per_half"] else "sc[c]",
+              s_hi="sc[2 * c + 1]" if _SB4[_stem][1]["per_half"] else "sc[c]")
+
+
+# ---------------------------------------------------------------------------------------
+# Many activation rows per call (the matmul, N > 1): rows_dot_T_q8_K(y, m, w_row, a)
+# ---------------------------------------------------------------------------------------
+# y[n, m] = vec_dot_T_q8_K(w_row, a[n]) for every row n of a, bit for bit: per super-block the
+# weight-only work (F16 d / dmin, the scales and mins, the per-lane scale vector sv, the unpacked
+# values qb) once, then for each activation row vec_dot's activation-dependent steps in its order
+# into the row's 8 accumulators (ROWS_GROUP rows per pass).  Per format (_ROWS): the scales
+# code (fills sc, and mins with a min), the unpacking into qb, the lanes call, and d (vec_dot's
+# product y.d * F16(d), in its operand order; Q6_K forms it before its bsums step, "d", which
+# keeps its kernel's register allocation: the same machine code as its hand-written version).
+
+_ROWS_DOT = """
+@kernel
+def rows_dot_{w}_q8_K(y, m, w_row, a):
+    '''y[n, m] = vec_dot_{w}_q8_K(w_row, a[n]) for every row n of a (bit for bit).
+
+    y: float32[N, M]; w_row: uint8[nb*{WB}]; a: uint8[N, nb*292] (C-contiguous).'''
+    nb = w_row.size // {WB}
+    rb = a.shape[1]
+    c128 = _U8_128  #c128
+    p = stack_i32(8)
+    p16 = stack_i32(16)
+    pm = stack_i32(8)  #min
+    sc = carray(stack_i32(16), 16)
+    sc32 = carray(stack_i32(16), 16)  #bsums32
+    sv = carray(stack_i32(64), 64)
+    mins = carray(stack_i32(16), 16)  #min
+    qb = carray(stack_u8(256), 256)
+    qh = carray(stack_u8(256), 256)  #qh
+    accm = stack_f32(256)  #four
+    accm_a = carray(accm, 256)  #four
+    summs = carray(stack_f32(64), 64)  #scalar
+    accs = stack_f32(512)  # 8 lanes x ROWS_GROUP rows
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc8_zero(ptr_offset(accs, 8 * n))
+            summs[n] = np.float32(0.0)  #scalar
+        for k in range(4 * ng):  #four
+            accm_a[k] = np.float32(0.0)  #four
+        for i in range(nb):
+            w = w_row[i * {WB}:(i + 1) * {WB}]
+            dw = f16_le(w, {D})
+            dminw = f16_le(w, {D} + 2)  #min
+            {scales}
+            _chunk_scales(sv, sc, {per_half})
+            {unpack}
+            for n in range(ng):
+                yo = (g + n) * rb + i * Q8_K_BYTES
+                yd = load_f32(a, yo)
+                d = yd * dw  #bsums32
+                bsums_madd8(pm, mins, a, yo + 260)  #min
+                lanes_fma8(ptr_offset(accs, 8 * n), -yd * dminw, pm)  #lanes
+                pairs_fma4(ptr_offset(accm, 4 * n), -yd * dminw, pm)  #four
+                summs[n] = fma32(-yd * dminw, np.float32(isum8(pm)), summs[n])  #scalar
+                bsums_madd8(p, sc32, a, yo + 260)  #bsums32
+                acc8_zero(p)  #zero
+                {lanes}
+                lanes_fma8(ptr_offset(accs, 8 * n), {d}, p)
+        for n in range(ng):
+            y[g + n, m] = acc8_hsum(ptr_offset(accs, 8 * n)){tail}
+"""
+
+# stem: (scales, unpack, lanes[, d]): the weight-only code (indented in the template), the lanes call
+_PLAIN_LANES = "_lanes_add(p, p16, qb, a, yo, sv)"
+_K4_SCALES = "_k4_unpack(sc, w, 4)\n_k4_min_pairs(mins, sc)"
+_ROWS = {
+    "q2_K": ("for j in range(16):\n    b = np.int32(w[j])\n    sc[j] = b & np.int32(15)\n    mins[j] = b >> np.int32(4)",
+             "_unpack_2bit(qb, w, 16)", _PLAIN_LANES),
+    "q3_K": ("for j in range(16):\n    sc[j] = _q3_scale(w, 96, j)", "_unpack_q3_K(qb, qh, w)",
+             "_lanes_diff_add(p, p16, qb, qh, 32, a, yo, sv)"),
+    "q4_K": (_K4_SCALES, "_unpack_q4_K(qb, w)", _PLAIN_LANES),
+    "q5_K": (_K4_SCALES, "_unpack_q5_K(qb, w)", _PLAIN_LANES),
+    # sc32: -((s0*b0 + s1*b1) << 5) == (-32*s0)*b0 + (-32*s1)*b1 (int32), vec_dot's p init
+    "q6_K": ("for j in range(16):\n    sc[j] = np.int32(np.int8(w[192 + j]))\n    sc32[j] = sc[j] * np.int32(-32)",
+             "_unpack_q6_K(qb, w)", _PLAIN_LANES, "d"),
+    # each chunk's two scaled dots of vec_dot in one multiply (the same int32 lanes)
+    "iq4_xs": ("sh = np.int32(w[2]) | (np.int32(w[3]) << np.int32(8))\nfor ib in range(8):\n"
+               "    iq4_lookup32(qb, 32 * ib, w, 8 + 16 * ib)\n"
+               "    sc[ib] = (((np.int32(w[4 + ib // 2]) >> np.int32(4 * (ib % 2))) & np.int32(15))\n"
+               "              | (((sh >> np.int32(2 * ib)) & np.int32(3)) << np.int32(4))) - np.int32(32)",
+               "", "_lanes_diff_add(p, p16, qb, c128, 0, a, yo, sv)", "dw * yd"),
+}
+# what vec_dot adds to hsum_float_8 of its 8 lanes (row n)
+_ROWS_TAIL = {"four": " + ((accm_a[4 * n] + accm_a[4 * n + 2]) + (accm_a[4 * n + 1] + accm_a[4 * n + 3]))",
+              "scalar": " + summs[n]"}
+
+
+for _stem in _SB4:
+    _scales, _unpack, _lanes, *_d = _ROWS[_stem]
+    _generate(_ROWS_DOT, _stem, dict(scales=_scales, unpack=_unpack), lanes=_lanes, d=_d[0] if _d else "yd * dw",
+              tail=_ROWS_TAIL.get(_SB4[_stem][1].get("mins"), ""))

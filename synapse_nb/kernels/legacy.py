@@ -1,6 +1,6 @@
 """Row kernels for the non-K formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 
-Two kinds of plain ``@njit(cache=True, error_model="numpy")`` functions, output first, on raw GGUF bytes:
+Two kinds of plain ``@kernel`` functions, output first, on raw GGUF bytes:
   * ``dequantize_row_T(out: float32[K], w_row: uint8[row_bytes])``: bit-exact with
     gguf.quants.dequantize (and ggml-quants.c dequantize_row_T).
   * ``vec_dot_T(w_row: uint8[:], a_row: uint8[:], scratch: int32[:]) -> float32``: one weight
@@ -28,7 +28,7 @@ weight rows per format) is reproduced bit for bit.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and IQ4_NL's dequantize) differ only in their block layout, so their
 row functions are generated from one template each (_DEQUANTIZE, _VEC_DOT, _ROWS_DOT, _VEC_DOT4,
 _ROWS_DOT4, _ROWS_DOT8) and the table _BLOCK_FORMATS; the per-block vector work is an intrinsic per format
-built in common.py from the format's IR decoder (_decode_T one block, _decode2_T two blocks).
+built in block_ir.py from the format's IR decoder (_decode_T one block, _decode2_T two blocks).
 
 Several weight rows at once, each output still computed by vec_dot's operations in vec_dot's order:
   * vec_dot4_T(y, m, w, a_row): y[m..m+3] for one activation row (decode). One row's dot is bound
@@ -39,21 +39,24 @@ Several weight rows at once, each output still computed by vec_dot's operations 
     operation twice for each activation row, sharing its loads and conversions, the weight side of
     a block computed once for all of them (Q5_0 matmul 1.12-1.17x over one 4-row operation per
     activation row, 1 thread, same-minute pairs). IQ4_NL has rows_dot4 (its even / odd sets).
-  * F32, F16, BF16: vec_dot4 in explicit vector IR (common.float4_fma / bf16x4_dot: the rows' lanes
+  * F32, F16, BF16: vec_dot4 in explicit vector IR (block_ir.float4_fma / bf16x4_dot: the rows' lanes
     in registers, the activation converted once for the four), their reductions too
-    (common.reduce64 / reduce16); rows_dot4 is vec_dot4 for one activation row after another.
+    (block_ir.reduce64 / reduce16); rows_dot4 is vec_dot4 for one activation row after another.
 """
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit
+from numba import carray
 
-from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_hsum,  # noqa: F401
-                     acc8_lane, acc8_zero, acc16_add, acc16_hsum, acc16_zero, as_f32, copy_u32, f16_le,
-                     f16_to_f32, fma32, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
-                     ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, make_block4_dot, make_block_dequant,
-                     bf16x4_dot, make_block_lanes_fma, float4_fma, ptr_offset, reduce16, reduce64,
-                     stack_f32, store4_hsum, store4_hsum_sums, u32_as_f32)  # (F401: some are used by the generated code only)
+from ..formats import format_of
+from .block_ir import (bf16x4_dot, float4_fma, make_block4_dot, make_block_dequant, make_block_lanes_fma, reduce16,
+                       reduce64)
+from .decorator import kernel
+from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, as_f32, copy_u32, f16_le, f16_to_f32, fma32, u32_as_f32  # noqa: F401
+from .simd import (ROWS_GROUP, acc8_add, acc8_hsum, acc8_lane, acc8_zero, acc16_add, acc16_hsum,  # noqa: F401
+                   acc16_zero, ir_add_const, ir_high_bits32, ir_high_bits64, ir_int8x32, ir_lookup64,
+                   ir_lookup_nibbles32, ir_nibbles32, ir_nibbles64, ptr_offset, stack_f32, store4_hsum,
+                   store4_hsum_sums)  # (F401: some are used by the generated code only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,13 +65,13 @@ from .common import (IQ4NL_TABLE_U8, KVALUES_IQ4NL, ROWS_GROUP, acc8_add, acc8_h
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_f32(out, w_row):
     """F32 bytes -> float32 (copy)."""
     copy_u32(out.view(np.uint32), w_row.view(np.uint32))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_f16(out, w_row):
     """F16 -> float32, exact (ggml_cpu_fp16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -76,7 +79,7 @@ def dequantize_row_f16(out, w_row):
         out[i] = f16_to_f32(wh[i])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_bf16(out, w_row):
     """BF16 -> float32, exact (ggml_cpu_bf16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -88,7 +91,7 @@ def dequantize_row_bf16(out, w_row):
 # ----------------------------------------------------------------------------------------------
 # Dot products of the 32-value block formats. The per-block integer work (decode 32 weights,
 # multiply by the 32 int8 activations, sum groups of 4 into 8 lanes, convert, fma into 8 float
-# accumulators) is one explicit-vector LLVM intrinsic per format (common.make_block_lanes_fma);
+# accumulators) is one explicit-vector LLVM intrinsic per format (block_ir.make_block_lanes_fma);
 # the block loop, the F16 scales and the final reduction are plain Numba.
 # ----------------------------------------------------------------------------------------------
 
@@ -99,7 +102,7 @@ def _gep(builder, ptr, k):
 
 # The decoders give each weight's unsigned code u (0..255): the weight is u - offset, offset
 # per format in _BLOCK_FORMATS (ggml's signed values, e.g. q - 8, are not formed: see
-# common.ir_lanes_offset).
+# simd.ir_lanes_offset).
 def _decode_q4_0(b, p):
     return ir_nibbles32(b, _gep(b, p, 2))
 
@@ -155,16 +158,17 @@ def _decode2_iq4_nl(b, p0, p1):
 
 
 # The 32-value block formats, one line each: (stem, its activation format's stem, block bytes,
-# activation block bytes, offset of the 32 int8 activations in their block, the weights' offset
-# (weight = code - offset), a min m per block (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
-_BLOCK_FORMATS = (
-    ("q4_0", "q8_0", 18, 34, 2, 8, False, "(q - 8), q the 4-bit values"),
-    ("q4_1", "q8_1", 20, 36, 4, 0, True, "4-bit unsigned q, y = q*d + m"),
-    ("q5_0", "q8_0", 22, 34, 2, 16, False, "(q | hbit << 4) - 16"),
-    ("q5_1", "q8_1", 24, 36, 4, 0, True, "5-bit unsigned q | hbit << 4, y = q*d + m"),
-    ("q8_0", "q8_0", 34, 34, 2, 128, False, "int8 q"),
-    ("iq4_nl", "q8_0", 18, 34, 2, 128, False, "kvalues_iq4nl[q], q the 4-bit indices"),
-)
+# activation block bytes (both from the one table of sizes, through formats), offset of the 32 int8
+# activations in their block, the weights' offset (weight = code - offset), a min m per block
+# (Q4_1 / Q5_1: summs and x*d + m), what the weights are).
+_BLOCK_FORMATS = tuple((w, a, format_of(w).type_size, format_of(a).type_size, *rest) for w, a, *rest in (
+    ("q4_0", "q8_0", 2, 8, False, "(q - 8), q the 4-bit values"),
+    ("q4_1", "q8_1", 4, 0, True, "4-bit unsigned q, y = q*d + m"),
+    ("q5_0", "q8_0", 2, 16, False, "(q | hbit << 4) - 16"),
+    ("q5_1", "q8_1", 4, 0, True, "5-bit unsigned q | hbit << 4, y = q*d + m"),
+    ("q8_0", "q8_0", 2, 128, False, "int8 q"),
+    ("iq4_nl", "q8_0", 2, 128, False, "kvalues_iq4nl[q], q the 4-bit indices"),
+))
 
 
 def _signed(decode, offset):
@@ -172,7 +176,7 @@ def _signed(decode, offset):
     return lambda b, p: ir_add_const(b, decode(b, p), -offset) if offset else decode(b, p)
 
 
-# Per-block intrinsics (common.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
+# Per-block intrinsics (block_ir.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
 # dequantization of one block.
 for _stem, _, _bb, _, _ao, _off, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], _off)
@@ -196,8 +200,15 @@ for _stem, _, _bb, _, _ao, _off, _with_min, _ in _BLOCK_FORMATS:
 # (LLVM hoists the decode out of the inner loop). Accumulators: 8 float32 per row, on the stack.
 # ----------------------------------------------------------------------------------------------
 
+@kernel(inline="always")
+def _zero16s(acc, k):
+    """acc16_zero on the k groups of 16 float32 at acc (a pointer): a row's accumulators."""
+    for q in range(k):
+        acc16_zero(ptr_offset(acc, 16 * q))
+
+
 _DEQUANTIZE = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def dequantize_row_{w}(out, w_row):
     """{W} ({WB} B / 32 values: f16 d{Mdoc}, then the weights: {what}) -> float32.
 
@@ -208,7 +219,7 @@ def dequantize_row_{w}(out, w_row):
 '''
 
 _VEC_DOT = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot_{w}_{a}(w_row, a_row, scratch):
     """{W} weight row . {A} activation row -> float32; weights {what}.
 
@@ -229,7 +240,7 @@ def vec_dot_{w}_{a}(w_row, a_row, scratch):
 '''
 
 _ROWS_DOT = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot_{w}_{a}(y, m, w_row, a):
     """y[n, m] = vec_dot_{w}_{a}(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // {WB}
@@ -252,7 +263,7 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
 '''
 
 _ROWS_DOT8 = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot8_{w}_{a}(y, m, w, a):
     """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 8 and every row n of a (bit for bit):
     vec_dot4's block operation (_blk4m_{w}: without the prefetch) twice per activation row and
@@ -266,8 +277,7 @@ def rows_dot8_{w}_{a}(y, m, w, a):
     for g in range(0, a.shape[0], ROWS_GROUP):
         ng = min(ROWS_GROUP, a.shape[0] - g)
         for n in range(ng):
-            for q in range(4):
-                acc16_zero(ptr_offset(accs, 64 * n + 16 * q))
+            _zero16s(ptr_offset(accs, 64 * n), 4)
             acc8_zero(ptr_offset(sums, 16 * n))
             acc8_zero(ptr_offset(sums, 16 * n + 8))
         for b in range(nb):
@@ -285,7 +295,7 @@ def rows_dot8_{w}_{a}(y, m, w, a):
 
 
 _VEC_DOT4 = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_{w}_{a}(y, m, w, a_row):
     """y[m + r] = vec_dot_{w}_{a}(w[m + r], a_row) for r < 4, bit for bit: per block the same
     operations per row (_blk4_{w}), the four rows' scalars and lanes in shared vector operations and
@@ -327,7 +337,7 @@ for _fmt in _BLOCK_FORMATS:
         _define(_ROWS_DOT8, _fmt)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     """IQ4_NL weight row . Q8_0 activation row -> float32.
 
@@ -353,7 +363,7 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     return sumf
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_iq4_nl_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 18
@@ -381,7 +391,7 @@ def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
             y[g + n, m] = sumf
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
     """y[m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a_row) for r < 4, bit for bit (vec_dot4 of the
     template formats with IQ4_NL's two accumulator sets: even blocks, odd blocks)."""
@@ -403,7 +413,7 @@ def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
             y[m + r] = _iq4_nl_tail(w[m + r], a_row, nb - 1, y[m + r])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot4_iq4_nl_q8_0(y, m, w, a):
     """y[n, m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a[n]) for r < 4 and every row n of a (bit for
     bit; rows_dot4 with IQ4_NL's even / odd accumulator sets)."""
@@ -414,10 +424,8 @@ def rows_dot4_iq4_nl_q8_0(y, m, w, a):
     sums = stack_f32(8)
     for g in range(0, a.shape[0], ROWS_GROUP):
         ng = min(ROWS_GROUP, a.shape[0] - g)
-        for n in range(ng):
-            for h in range(2):
-                acc16_zero(ptr_offset(even, 32 * n + 16 * h))
-                acc16_zero(ptr_offset(odd, 32 * n + 16 * h))
+        _zero16s(even, 2 * ng)  # rows 0..ng-1: 32 each
+        _zero16s(odd, 2 * ng)
         for i in range(nb // 2):
             for n in range(ng):
                 e, o = ptr_offset(even, 32 * n), ptr_offset(odd, 32 * n)
@@ -433,7 +441,7 @@ def rows_dot4_iq4_nl_q8_0(y, m, w, a):
                 y[g + n, m + r] = sumf
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _iq4_nl_tail(w_row, a_row, b, sumf):
     """ggml's scalar tail for a trailing odd IQ4_NL block: sumf = fma(d, isum, sumf)."""
     ai = a_row.view(np.int8)
@@ -445,16 +453,16 @@ def _iq4_nl_tail(w_row, a_row, b, sumf):
     return fma32(f16_le(a_row, b * 34) * f16_le(w_row, b * 18), np.float32(isum), sumf)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _summs(m, s, acc):
     """summs += F16(m) * F16(s): GCC contracts this C expression into one fma on x86-64 with FMA."""
     return fma32(m, s, acc)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _fma64_reduced(w, x):
     """ggml_vec_dot_f32 / _f16's AVX-512 loop (GGML_F32_STEP 64, EPR 16, ARR 4) over w, x (float32,
-    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, then common.reduce64.
+    or F16 bits: as_f32): acc[64] = fma(w, x, acc) per 64-element step, then block_ir.reduce64.
     Returns (that float32 sum, npart = elements done)."""
     n = w.size
     acc = carray(stack_f32(64), 64)
@@ -467,7 +475,7 @@ def _fma64_reduced(w, x):
     return reduce64(acc, 0), npart
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot_f32(w_row, a_row, scratch):
     """F32 weight row . F32 activation row -> float32.
 
@@ -482,7 +490,7 @@ def vec_dot_f32(w_row, a_row, scratch):
     return sumf
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot_f16(w_row, a_row, scratch):
     """F16 weight row . F16 activation row -> float32.
 
@@ -498,7 +506,7 @@ def vec_dot_f16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _float4_loop(acc, w, m, x):
     """acc (float32 [256], row r's lanes at 64 r) = the four rows w[m..m+3]' 64-lane accumulators
     after vec_dot_f32's (x float32) or _f16's (x F16 bits) vector loop, from zero; returns npart
@@ -512,7 +520,7 @@ def _float4_loop(acc, w, m, x):
     return npart
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_f32(y, m, w, a_row):
     """y[m + r] = vec_dot_f32(w[m + r], a_row) for r < 4, bit for bit: the same lanes, fmas,
     reduction and leftovers per row; the vector loop in explicit <64 x float> operations (one
@@ -529,7 +537,7 @@ def vec_dot4_f32(y, m, w, a_row):
         y[m + r] = sumf
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_f16(y, m, w, a_row):
     """y[m + r] = vec_dot_f16(w[m + r], a_row) for r < 4, bit for bit (as vec_dot4_f32: the F16
     values converted exactly in the vector loop; the sum and leftovers in double)."""
@@ -544,7 +552,7 @@ def vec_dot4_f16(y, m, w, a_row):
         y[m + r] = np.float32(sumd)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot_bf16(w_row, a_row, scratch):
     """BF16 weight row . BF16 activation row -> float32.
 
@@ -570,10 +578,10 @@ def vec_dot_bf16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def vec_dot4_bf16(y, m, w, a_row):
     """y[m + r] = vec_dot_bf16(w[m + r], a_row) for r < 4, bit for bit: each row's 32 lanes take
-    vec_dot_bf16's products and adds in its order (common.bf16x4_dot, explicit vectors); the
+    vec_dot_bf16's products and adds in its order (block_ir.bf16x4_dot, explicit vectors); the
     activation's conversions are shared, the four rows' chains overlap and are prefetched ahead."""
     xh = a_row.view(np.uint16)
     w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
@@ -593,7 +601,7 @@ def vec_dot4_bf16(y, m, w, a_row):
         y[m + r] = np.float32(sumd)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _bf16(h):
     return u32_as_f32(np.uint32(h) << np.uint32(16))
 
@@ -605,7 +613,7 @@ def _bf16(h):
 # activation row while the four weight rows stay in cache; the matmul drivers call it for whole
 # groups of four rows and rows_dot for the rest (matmul._row_groups).
 _FLOAT_ROWS_DOT = '''
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot_{t}_{t}(y, m, w_row, a):
     """y[n, m] = vec_dot_{t}(w_row, a[n]) for every row n of a."""
     no_scratch = np.empty(0, np.int32)  # (the float dots use none)
@@ -613,7 +621,7 @@ def rows_dot_{t}_{t}(y, m, w_row, a):
         y[n, m] = vec_dot_{t}(w_row, a[n], no_scratch)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rows_dot4_{t}_{t}(y, m, w, a):
     """y[n, m + r] = vec_dot_{t}(w[m + r], a[n]) for r < 4 and every row n of a, bit for bit
     (vec_dot4_{t} per activation row)."""

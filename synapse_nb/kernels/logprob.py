@@ -26,7 +26,9 @@ kernels do not bounds-check: synapse_nb.perplexity validates shapes, dtypes and 
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .decorator import kernel
 
 _M16 = np.float32(16.0)  # the 16-nat window of the base file
 _NEG16 = np.float32(-16.0)
@@ -36,7 +38,7 @@ _ZERO = np.float32(0.0)
 _MAGIC = np.float32(12582912.0)  # nearest_int: 1.5 * 2**23
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@kernel(parallel=True)
 def nll_rows(out, logits, targets):
     """out float64 [n] <- NLL of targets[r] under logits[r] (float32 [n, n_vocab]); targets int64 [n]."""
     n, nv = logits.shape
@@ -53,7 +55,7 @@ def nll_rows(out, logits, targets):
         out[r] = -(np.float64(row[targets[r]] - mx) - math.log(s))
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@kernel(parallel=True)
 def kld_base_rows(out_nll, rec_u16, rec_f32, logits, targets):
     """One .kld record per row, and the NLL that llama-perplexity sums while it writes them.
 
@@ -96,7 +98,7 @@ def kld_base_rows(out_nll, rec_u16, rec_f32, logits, targets):
         out_nll[r] = np.float64((mx + lse) - row[targets[r]])
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@kernel(parallel=True)
 def kld_rows(out_nll, out_nll_base, out_kld, out_pdiff, out_same, logits, targets, rec_u16, rec_f32):
     """Per row: our NLL (float32), the base's NLL (float32), KL(base || ours) (float64), p - p_base
     (float32) and top token agreement (uint8), from logits float32 [n, n_vocab] and the base's
@@ -138,7 +140,7 @@ def kld_rows(out_nll, out_nll_base, out_kld, out_pdiff, out_same, logits, target
         out_same[r] = 1 if imax == imax_base else 0
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def kld_accumulate(sums, nll, nll_base, kld, pdiff, same):
     """Add one chunk's rows to sums float64 [13] in row order (serial, as one thread of C++ would).
 

@@ -26,7 +26,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
   unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
   legacy formats therefore do each block's integer work in one explicit-vector LLVM intrinsic
-  (common.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, else a portable widening multiply);
+  (block_ir.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, else a portable widening multiply);
   check ``inspect_asm()`` of any new row function for zmm/ymm (benchmarks/bench_kernels.py --asm).
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Caching: a driver inlines row functions from other files; kernels/_cache.py makes every cached
@@ -34,7 +34,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 * Every format of legacy.py and kquants.py with N > 1 goes through
   ``rows_dot_T(y, m, w_row, a)``: all activation rows (uint8 [N, act_row_bytes], C-contiguous)
   against one weight row, blocks outer and rows inner so a weight block (a K-quant's 256 values,
-  its scales and mins) is decoded once for up to 64 rows (common.ROWS_GROUP; the float formats
+  its scales and mins) is decoded once for up to 64 rows (simd.ROWS_GROUP; the float formats
   have nothing to decode: rows_dot4 below); per output the
   operations and their order are exactly vec_dot_T's, which N == 1 uses (matmul rows == matvec
   is tested bitwise for N in 1, 2, 7, 64, 130). Any format may offer one
@@ -55,11 +55,12 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange  # noqa: F401  (used by the generated drivers)
+from numba import prange  # noqa: F401  (used by the generated drivers)
 
 from .. import formats as _F
 from ..errors import SynapseError
 from . import kquants, legacy, quant_act  # noqa: F401  (the generated drivers call into them)
+from .decorator import kernel  # noqa: F401  (the generated drivers' decorator)
 
 CHUNK_ROWS = 16  # weight rows per parallel work item
 
@@ -74,7 +75,7 @@ def scratch_ints(k):
 # function of it, named as synapse_nb.formats documents.
 # ---------------------------------------------------------------------------------------------
 
-_DECORATOR = '@njit(parallel=True, cache=True, error_model="numpy")\n'
+_DECORATOR = "@kernel(parallel=True)\n"
 
 # Activation converter: X float32 [N, K] -> A uint8 [N, act_row_bytes], one row per task.
 _ACT = _DECORATOR + """def {name}(a, x):
@@ -84,7 +85,7 @@ _ACT = _DECORATOR + """def {name}(a, x):
 
 # The same for one row, serial: a decode step's activation is one row, and a parallel region
 # for it would only pay the threads' launch (the row function, hence the bytes, are the same).
-_ACT1 = '@njit(cache=True, error_model="numpy")\n' + """def {name}(a, x):
+_ACT1 = '@kernel\n' + """def {name}(a, x):
     for n in range(x.shape[0]):
         {mod}.{quantize}(a[n], x[n])
 """

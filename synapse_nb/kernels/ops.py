@@ -22,28 +22,29 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
+from .decorator import kernel
+from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
 
 _F32 = np.float32
 
 # ggml_v_expf constants, written as in vec.h (hex float literals)
-_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
-_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
-_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
-_C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
-_C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
-_C3 = np.float32(float.fromhex("0x1.555e66p-3"))
-_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
-_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
+EXPF_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+EXPF_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+EXPF_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+EXPF_C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
+EXPF_C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
+EXPF_C3 = np.float32(float.fromhex("0x1.555e66p-3"))
+EXPF_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+EXPF_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
 
 
 # ---------------------------------------------------------------------------------------------
 # exp / silu
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def v_expf(x):
     """One lane of ggml_v_expf (ggml-cpu/vec.h, __AVX512F__ && __AVX512DQ__ branch).
 
@@ -53,19 +54,19 @@ def v_expf(x):
     or inf.
     """
     r = _F32(12582912.0)  # 0x1.8p23f
-    z = fma32(x, _LOG2E, r)
+    z = fma32(x, EXPF_LOG2E, r)
     n = z - r
-    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    b = fma32(-n, EXPF_LN2_LO, fma32(-n, EXPF_LN2_HI, x))
     if math.fabs(n) > _F32(192.0):
         return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
     if n != n:  # NaN input: the mask tests are false, the polynomial result (NaN) is returned
         return n
     u = b * b
     j = fma32(
-        fma32(fma32(_C5, b, _C4), u,
-              fma32(_C3, b, _C2)),
+        fma32(fma32(EXPF_C5, b, EXPF_C4), u,
+              fma32(EXPF_C3, b, EXPF_C2)),
         u,
-        fma32(_C1, b, _F32(1.0)))
+        fma32(EXPF_C1, b, _F32(1.0)))
     # scalef: j * 2**n rounded once. For -125 <= n <= 127, 2**n is a normal float and j * 2**n
     # (j in [0.7, 1.5)) a normal float or inf: one float multiply rounds exactly as scalef.
     # Otherwise (subnormal results) scale exactly in double and round once to float.
@@ -75,7 +76,7 @@ def v_expf(x):
     return _F32(math.ldexp(np.float64(j), int(ni)))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def v_expf_normal(x):
     """v_expf(x) on its common path, without branches so that a loop over it vectorizes.
 
@@ -84,34 +85,34 @@ def v_expf_normal(x):
     value is meaningless and the caller must use v_expf(x).
     """
     r = _F32(12582912.0)  # 0x1.8p23f
-    z = fma32(x, _LOG2E, r)
+    z = fma32(x, EXPF_LOG2E, r)
     n = z - r
-    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    b = fma32(-n, EXPF_LN2_LO, fma32(-n, EXPF_LN2_HI, x))
     u = b * b
     j = fma32(
-        fma32(fma32(_C5, b, _C4), u,
-              fma32(_C3, b, _C2)),
+        fma32(fma32(EXPF_C5, b, EXPF_C4), u,
+              fma32(EXPF_C3, b, EXPF_C2)),
         u,
-        fma32(_C1, b, _F32(1.0)))
+        fma32(EXPF_C1, b, _F32(1.0)))
     ok = (n >= _F32(-125.0)) & (n <= _F32(127.0))
     ni = np.int32(n if ok else _F32(0.0))
     return j * u32_as_f32(np.uint32(ni + 127) << np.uint32(23)), ok
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def v_silu(x):
     """One lane of ggml_v_silu (AVX-512): x / (1 + ggml_v_expf(0 - x)), float32."""
     e = v_expf(_F32(0.0) - x)
     return x / (_F32(1.0) + e)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def silu_f32(x):
     """ggml_silu_f32 (vec.h): x / (1.0f + expf(-x)) with libm expf (the scalar tail)."""
     return x / (_F32(1.0) + math.exp(-x))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _swiglu_row(out, gate, up, t):
     m = gate.shape[1]
     m16 = m - m % 16
@@ -132,13 +133,13 @@ def _swiglu_row(out, gate, up, t):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@kernel(parallel=True)
 def _swiglu_par(out, gate, up):
     for t in prange(gate.shape[0]):
         _swiglu_row(out, gate, up, np.int64(t))  # (int64 as in _swiglu_ser: one compiled row function)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _swiglu_ser(out, gate, up):
     for t in range(gate.shape[0]):
         _swiglu_row(out, gate, up, t)
@@ -162,7 +163,7 @@ _GELU_COEF_A = np.float32(0.044715)
 _SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _gelu_table_f32(out):
     """out[i] = ggml_table_gelu_f16[i] as float32: for the F16 value x of bits i,
     F16(ggml_gelu_f32(x)), ggml_gelu_f32 = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f +
@@ -187,7 +188,7 @@ def gelu_table() -> np.ndarray:
     return _GELU_TABLE[0]
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _geglu_row(out, gate, up, table, t):
     for i in range(gate.shape[1]):
         x = gate[t, i]
@@ -199,13 +200,13 @@ def _geglu_row(out, gate, up, table, t):
             out[t, i] = table[f32_to_f16_bits(x, f32_bits(x))] * up[t, i]
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@kernel(parallel=True)
 def _geglu_par(out, gate, up, table):
     for t in prange(gate.shape[0]):
         _geglu_row(out, gate, up, table, np.int64(t))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _geglu_ser(out, gate, up, table):
     for t in range(gate.shape[0]):
         _geglu_row(out, gate, up, table, t)
@@ -222,7 +223,7 @@ def geglu_rows(out, gate, up):
 # RMSNorm
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _rms_norm_row(out, x, w, eps, t):
     m = x.shape[1]
     s = 0.0
@@ -235,13 +236,13 @@ def _rms_norm_row(out, x, w, eps, t):
         out[t, i] = (x[t, i] * scale) * w[i]
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@kernel(parallel=True)
 def _rms_norm_par(out, x, w, eps):
     for t in prange(x.shape[0]):
         _rms_norm_row(out, x, w, eps, np.int64(t))  # (int64 as in _rms_norm_ser: one compiled row function)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _rms_norm_ser(out, x, w, eps):
     for t in range(x.shape[0]):
         _rms_norm_row(out, x, w, eps, t)
@@ -262,7 +263,7 @@ def rms_norm_rows(out, x, w, eps):
 # RoPE
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rope_theta_scale(freq_base, n_dims):
     """powf(freq_base, -2.0f / n_dims) with libm powf, as ggml_compute_forward_rope_flt.
 
@@ -270,7 +271,7 @@ def rope_theta_scale(freq_base, n_dims):
     return _F32(freq_base) ** (_F32(-2.0) / _F32(n_dims))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     """ggml_rope_yarn_corr_dims (ggml.c): the YaRN ramp's [start, end] dims, float32 pair.
 
@@ -288,7 +289,7 @@ def rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     return max(_F32(0.0), start), min(_F32(n_dims - 1), end)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_factor, attn_factor,
                corr_lo, corr_hi):
     """cos/sin table per position: ggml_rope_cache_init + rope_yarn (ggml-cpu/ops.cpp).
@@ -330,7 +331,7 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
             theta = theta * theta_scale
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
     t = th // n_heads
     base = (th % n_heads) * head_dim
@@ -350,13 +351,13 @@ def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
         x[t, b] = fma32(x0, s, x1 * c)
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@kernel(parallel=True)
 def _rope_par(x, cache, n_heads, head_dim, n_dims, neox):
     for th in prange(x.shape[0] * n_heads):
         _rope_head(x, cache, n_heads, head_dim, n_dims, neox, np.int64(th))  # (int64 as in _rope_ser)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def _rope_ser(x, cache, n_heads, head_dim, n_dims, neox):
     for th in range(x.shape[0] * n_heads):
         _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th)

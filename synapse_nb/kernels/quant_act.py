@@ -1,21 +1,20 @@
 """Activation converters: one float32 row -> the block bytes ggml's vec_dot consumes.
 
-Each is ``quantize_row_T(out: uint8[:], x: float32[:])`` (plain ``@njit(cache=True, error_model="numpy")``), output
+Each is ``quantize_row_T(out: uint8[:], x: float32[:])`` (plain ``@kernel``), output
 first; ``out`` holds exactly ``len(x) // block * block_bytes`` bytes. The caller (matmul.py)
 validates sizes. Q8_K lives in kquants.py.
 """
 
 import numpy as np
-from numba import njit
-
-from .common import copy_u32, f32_bits, f32_to_bf16_bits, f32_to_f16_bits
+from .decorator import kernel
+from .scalar import copy_u32, f32_bits, f32_to_bf16_bits, f32_to_f16_bits
 
 QK8_0 = 32
 Q8_0_BYTES = 34  # f16 d, int8 qs[32]
 Q8_1_BYTES = 36  # f16 d, f16 s, int8 qs[32]  (gguf-py's GGML_QUANT_SIZES says 40: stale)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _cvt_i32(v):
     """_mm256_round_ps(nearest) + _mm256_cvtps_epi32: half to even; out of range or NaN gives
     the 'integer indefinite' INT32_MIN (only reachable when 127/amax overflows, amax < 4e-37)."""
@@ -24,13 +23,13 @@ def _cvt_i32(v):
     return np.int32(-2147483648)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _sat8(q):
     """_mm256_packs_epi32 then _mm256_packs_epi16: saturate int32 to int8."""
     return np.int32(min(max(q, -128), 127))
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@kernel(inline="always")
 def _q8_block_scale(out, x, b, o):
     """Block b of a Q8_0/Q8_1 row: amax = max|x|, d = amax / 127 written as F16 at out[o:o+2];
     returns (d before its F16 rounding, id = 127 / amax or 0 when amax == 0)."""
@@ -45,7 +44,7 @@ def _q8_block_scale(out, x, b, o):
     return d, idv
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_q8_0(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_0 blocks in out (uint8 [K/32*34]).
 
@@ -61,7 +60,7 @@ def quantize_row_q8_0(out, x):
             out[o + 2 + j] = np.uint8(_sat8(_cvt_i32(x[b * QK8_0 + j] * idv)) & 0xFF)
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_q8_1(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_1 blocks in out (uint8 [K/32*36]).
 
@@ -83,7 +82,7 @@ def quantize_row_q8_1(out, x):
         out[o + 3] = np.uint8(hs >> np.uint16(8))
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_f16(out, x):
     """Round x (float32 [K]) to F16 (round to nearest even) into out (uint8 [2K], little endian).
 
@@ -95,7 +94,7 @@ def quantize_row_f16(out, x):
         o16[i] = f32_to_f16_bits(x[i], xb[i])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_bf16(out, x):
     """Round x (float32 [K]) to BF16 (round to nearest even) into out (uint8 [2K]).
 
@@ -107,7 +106,7 @@ def quantize_row_bf16(out, x):
         o16[i] = f32_to_bf16_bits(xb[i])
 
 
-@njit(cache=True, error_model="numpy")
+@kernel
 def quantize_row_f32(out, x):
     """Copy x (float32 [K]) into out (uint8 [4K]) unchanged: F32 weights take float activations."""
     copy_u32(out.view(np.uint32), x.view(np.uint32))

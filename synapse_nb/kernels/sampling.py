@@ -32,7 +32,7 @@ range here, which changes nothing for a strict weak ordering and keeps memory sa
 import math
 
 import numpy as np
-from numba import njit
+from .decorator import kernel
 
 _F32 = np.float32
 _NEG_INF = np.float32(-np.inf)
@@ -48,7 +48,7 @@ _BUCKET_INTER = np.float32(-np.float32(-10.0) * _BUCKET_SCALE)                  
 # libstdc++ heap (bits/stl_heap.h) with comp(a, b) = key[a] > key[b]
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def _adjust_heap(key, pos, first, hole, length, vkey, vpos):
     """std::__adjust_heap(first, holeIndex, len, value) followed by std::__push_heap."""
     top = hole
@@ -77,7 +77,7 @@ def _adjust_heap(key, pos, first, hole, length, vkey, vpos):
     pos[first + hole] = vpos
 
 
-@njit(cache=True)
+@kernel
 def _make_heap(key, pos, first, last):
     """std::__make_heap(first, last)."""
     length = last - first
@@ -91,7 +91,7 @@ def _make_heap(key, pos, first, last):
         parent -= 1
 
 
-@njit(cache=True)
+@kernel
 def _pop_heap(key, pos, first, last, result):
     """std::__pop_heap(first, last, result): *result = *first, then re-heap [first, last) with *result's old value."""
     vkey = key[result]
@@ -101,7 +101,7 @@ def _pop_heap(key, pos, first, last, result):
     _adjust_heap(key, pos, first, 0, last - first, vkey, vpos)
 
 
-@njit(cache=True)
+@kernel
 def _sort_heap(key, pos, first, last):
     """std::__sort_heap(first, last)."""
     while last - first > 1:
@@ -109,7 +109,7 @@ def _sort_heap(key, pos, first, last):
         _pop_heap(key, pos, first, last, last)
 
 
-@njit(cache=True)
+@kernel
 def partial_sort(key, pos, first, middle, last):
     """std::partial_sort(first, middle, last, comp) of libstdc++: __heap_select + __sort_heap.
 
@@ -127,7 +127,7 @@ def partial_sort(key, pos, first, middle, last):
 # libstdc++ std::sort (bits/stl_algo.h): introsort + final insertion sort
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def _swap(key, pos, a, b):
     k = key[a]
     key[a] = key[b]
@@ -137,25 +137,23 @@ def _swap(key, pos, a, b):
     pos[b] = p
 
 
-@njit(cache=True)
+@kernel
 def _move_median_to_first(key, pos, result, a, b, c):
-    """std::__move_median_to_first(result, a, b, c)."""
-    if key[a] > key[b]:
-        if key[b] > key[c]:
-            _swap(key, pos, result, b)
-        elif key[a] > key[c]:
-            _swap(key, pos, result, c)
-        else:
-            _swap(key, pos, result, a)
-    elif key[a] > key[c]:
-        _swap(key, pos, result, a)
-    elif key[b] > key[c]:
-        _swap(key, pos, result, c)
+    """std::__move_median_to_first(result, a, b, c): its comparisons in its order, then its one swap.
+
+    libstdc++ branches on comp(a, b) into two mirror images: (hi, lo) = (b, a) if comp(a, b) else
+    (a, b), then hi if comp(hi, c), else c if comp(lo, c), else lo."""
+    hi, lo = (b, a) if key[a] > key[b] else (a, b)
+    if key[hi] > key[c]:
+        median = hi
+    elif key[lo] > key[c]:
+        median = c
     else:
-        _swap(key, pos, result, b)
+        median = lo
+    _swap(key, pos, result, median)
 
 
-@njit(cache=True)
+@kernel
 def _unguarded_partition(key, pos, first, last, pivot, lo, hi):
     """std::__unguarded_partition(first, last, pivot); scans bounded to [lo, hi) for memory safety."""
     pk = key[pivot]
@@ -171,7 +169,7 @@ def _unguarded_partition(key, pos, first, last, pivot, lo, hi):
         first += 1
 
 
-@njit(cache=True)
+@kernel
 def _unguarded_linear_insert(key, pos, last, lo):
     """std::__unguarded_linear_insert(last); the scan stops at lo for memory safety."""
     vkey = key[last]
@@ -186,7 +184,7 @@ def _unguarded_linear_insert(key, pos, last, lo):
     pos[last] = vpos
 
 
-@njit(cache=True)
+@kernel
 def _insertion_sort(key, pos, first, last):
     """std::__insertion_sort(first, last)."""
     if first == last:
@@ -204,7 +202,7 @@ def _insertion_sort(key, pos, first, last):
             _unguarded_linear_insert(key, pos, i, first)
 
 
-@njit(cache=True)
+@kernel
 def _lg(n):
     """std::__lg(n): floor(log2(n)) for n >= 1."""
     r = -1
@@ -214,7 +212,7 @@ def _lg(n):
     return r
 
 
-@njit(cache=True)
+@kernel
 def introsort(key, pos, first, last):
     """std::sort(first, last, comp) of libstdc++ (GCC 12), descending by key, unstable.
 
@@ -261,7 +259,7 @@ def introsort(key, pos, first, last):
 # llama_token_data_array_partial_sort (the bucket pre-sort for npartial > 128)
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@kernel
 def bucket_partial_sort(key, pos, npartial):
     """llama_token_data_array_partial_sort(cur, npartial, res): returns (res_key, res_pos).
 
@@ -322,7 +320,7 @@ def bucket_partial_sort(key, pos, npartial):
 # Float loops of the samplers
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@kernel
 def max_logit(logit):
     """std::max accumulated from logit[0]: m = (m < x) ? x : m, as llama.cpp's softmax and dist."""
     m = logit[0]
@@ -332,7 +330,7 @@ def max_logit(logit):
     return m
 
 
-@njit(cache=True)
+@kernel
 def softmax(logit, p, is_sorted):
     """llama_sampler_softmax_impl after its optional sort: p_i = expf(l_i - max) / sum (float sum in order)."""
     m = logit[0] if is_sorted else max_logit(logit)
@@ -345,7 +343,7 @@ def softmax(logit, p, is_sorted):
         p[i] = p[i] / s
 
 
-@njit(cache=True)
+@kernel
 def dist(logit, p, is_sorted, u):
     """llama_sampler_dist_apply for n >= 2: returns the selected index and fills p (normalised).
 
@@ -373,7 +371,7 @@ def dist(logit, p, is_sorted, u):
     return sel
 
 
-@njit(cache=True)
+@kernel
 def temp_zero(logit):
     """llama_sampler_temp_impl with temp <= 0: keep the first maximum (strict >) in the current
     order, every other logit becomes -inf."""
@@ -388,7 +386,7 @@ def temp_zero(logit):
             logit[i] = _NEG_INF
 
 
-@njit(cache=True)
+@kernel
 def top_n_sigma(logit, nsig):
     """llama_sampler_top_n_sigma_apply (n > 0, size > 1): logits below max - n*std become -inf.
 
@@ -420,7 +418,7 @@ def top_n_sigma(logit, nsig):
             logit[i] = _NEG_INF
 
 
-@njit(cache=True)
+@kernel
 def min_p_unsorted(logit, log_p):
     """The unsorted branch of llama_sampler_min_p_apply: a bool mask of logit >= max + logf(p),
     max accumulated from -FLT_MAX with std::max. Returns (mask, count)."""
@@ -440,7 +438,7 @@ def min_p_unsorted(logit, log_p):
     return mask, cnt
 
 
-@njit(cache=True)
+@kernel
 def min_p_sorted_cut(logit, log_p, min_keep):
     """The sorted branch of llama_sampler_min_p_apply: the kept prefix length."""
     thr = logit[0] + log_p
@@ -452,7 +450,7 @@ def min_p_sorted_cut(logit, log_p, min_keep):
     return i
 
 
-@njit(cache=True)
+@kernel
 def top_p_cut(p, top_p, min_keep, limit):
     """Running float sum of p over [0, limit): returns (i + 1) at the first i with sum >= top_p and
     i + 1 >= min_keep, or -1 if none (the caller continues after re-sorting, or keeps all)."""
@@ -464,7 +462,7 @@ def top_p_cut(p, top_p, min_keep, limit):
     return -1, cum
 
 
-@njit(cache=True)
+@kernel
 def top_p_cut_from(p, top_p, min_keep, start, cum):
     """top_p_cut continued at index start with the running sum cum (top-p's adaptive path)."""
     for i in range(start, p.shape[0]):
@@ -474,7 +472,7 @@ def top_p_cut_from(p, top_p, min_keep, start, cum):
     return -1
 
 
-@njit(cache=True)
+@kernel
 def typical_scores(p):
     """llama_sampler_typical_apply's entropy and shifted scores: H = sum of (-p) * logf(p) in
     float (NaN when a p is 0), score_i = fabsf(-logf(p_i) - H). Returns the negated scores (the
@@ -489,7 +487,7 @@ def typical_scores(p):
     return neg
 
 
-@njit(cache=True)
+@kernel
 def typical_cut(p, order, typ_p, min_keep):
     """Kept count of llama_sampler_typical_apply: first i with float cum sum > p (strict) and
     (min_keep == 0 or i >= min_keep - 1), in the order of the sorted indices."""
@@ -502,7 +500,7 @@ def typical_cut(p, order, typ_p, min_keep):
     return n
 
 
-@njit(cache=True)
+@kernel
 def entropy_pos(p):
     """temp-ext's entropy: e -= p * logf(p) for p > 0, in float."""
     e = _F32(0.0)
@@ -513,7 +511,7 @@ def entropy_pos(p):
     return e
 
 
-@njit(cache=True)
+@kernel
 def libm_f32(x, y):
     """(expf(x), logf(x), powf(x, y)) as compiled here, for checking against glibc's own."""
     return math.exp(x), math.log(x), math.pow(x, y)
