@@ -448,7 +448,7 @@ def _run_here(model, pending, n_threads, n_parallel, options):
         yield dec.decode(obj)
 
 
-def _model_arg(model) -> str:
+def worker_model_arg(model) -> str:
     """The model as a string another process can load: an existing file as an absolute path, else
     the models.txt name as given (resolved there)."""
     if not isinstance(model, (str, os.PathLike)):
@@ -546,7 +546,7 @@ def _run_processes(model, pending, workers, n_threads, options):
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    model_arg = _model_arg(model)
+    model_arg = worker_model_arg(model)
     n_workers = min(workers, len(pending))
     n_threads = n_threads or max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")
@@ -636,7 +636,7 @@ def _import_ray():
     return ray
 
 
-def _package_root() -> str | None:
+def package_root() -> str | None:
     """The directory holding this synapse_nb package when it is a source checkout (not an
     installed package), put on Ray workers' PYTHONPATH so that they import the same synapse_nb
     as the driver: Ray starts its workers without the driver's sys.path. None when installed."""
@@ -648,11 +648,11 @@ def _package_root() -> str | None:
 
 
 def _run_ray(ray, model, pending, address, workers, n_threads, options):
-    model_arg = _model_arg(model)
+    model_arg = worker_model_arg(model)
     if not pending:
         return
     n_threads = n_threads or 1
-    pythonpath = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)
+    pythonpath = os.pathsep.join(p for p in (package_root(), os.environ.get("PYTHONPATH")) if p)
     env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
     started = False
     if not ray.is_initialized():

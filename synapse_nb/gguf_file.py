@@ -70,7 +70,7 @@ _NUMERIC = {t: np.dtype("<" + f) for t, f in _FORMAT.items()}
 _SCALAR = {t: struct.Struct("<" + f) for t, f in _FORMAT.items()}
 
 
-def _show(s: str) -> str:
+def show(s: str) -> str:
     """A key or tensor name as it may appear in a one-line error: as is when short and printable,
     else repr() of its first 60 characters (a corrupted length can swallow control bytes and newlines)."""
     if len(s) <= 80 and s.isprintable():
@@ -275,12 +275,12 @@ class Metadata:
 
     def _missing(self, key, default, what="key"):
         if default is REQUIRED:
-            raise SynapseError(f"{self.where}missing required {what} {_show(key)}")
+            raise SynapseError(f"{self.where}missing required {what} {show(key)}")
         return default
 
     def _wrong(self, key, expected: str):
         vt, et = self.kv_types[key]
-        raise SynapseError(f"{self.where}key {_show(key)} has wrong type {_type_name(vt, et)} but expected type "
+        raise SynapseError(f"{self.where}key {show(key)} has wrong type {_type_name(vt, et)} but expected type "
                            f"{expected}")
 
     def get(self, key: str, vtype, default=REQUIRED):
@@ -315,10 +315,10 @@ class Metadata:
             self._wrong(key, " or ".join(f"ARRAY of {t.name}" for t in allowed))
         v = self.kv[key]
         if length is not None and len(v) != length:
-            raise SynapseError(f"{self.where}key {_show(key)} has wrong array length; expected {length}, "
+            raise SynapseError(f"{self.where}key {show(key)} has wrong array length; expected {length}, "
                                f"got {len(v)}")
         if min_length is not None and len(v) < min_length:
-            raise SynapseError(f"{self.where}key {_show(key)} has {len(v)} elements, expected at least "
+            raise SynapseError(f"{self.where}key {show(key)} has {len(v)} elements, expected at least "
                                f"{min_length}")
         return v
 
@@ -533,15 +533,15 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     kv: dict[str, object] = {}
     kv_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
     for i in range(n_kv):
-        r.where = f"key/value {i} of {n_kv}" + (f" (after key {_show(key)})" if i else "")
+        r.where = f"key/value {i} of {n_kv}" + (f" (after key {show(key)})" if i else "")
         key = r.string()
-        r.where = f"the value of key {_show(key)}"
+        r.where = f"the value of key {show(key)}"
         if not key:
             raise SynapseError(f"{path}: key {i} is empty")
         if key in kv:
-            raise SynapseError(f"{path}: duplicate key {_show(key)}")
-        vtype = _value_type(r.take(_U32), f"{path}: key {_show(key)}")
-        kv[key], etype = _read_value(r, vtype, f"{path}: key {_show(key)}")
+            raise SynapseError(f"{path}: duplicate key {show(key)}")
+        vtype = _value_type(r.take(_U32), f"{path}: key {show(key)}")
+        kv[key], etype = _read_value(r, vtype, f"{path}: key {show(key)}")
         kv_types[key] = (vtype, etype)
 
     # gguf.cpp: general.alignment must be a UINT32 power of two
@@ -553,17 +553,17 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
     table = []
     names = set()
     for j in range(n_tensors):
-        r.where = f"tensor info {j} of {n_tensors}" + (f" (after tensor {_show(name)})" if j else "")
+        r.where = f"tensor info {j} of {n_tensors}" + (f" (after tensor {show(name)})" if j else "")
         name = r.string()
-        r.where = f"the tensor info of {_show(name)}"
+        r.where = f"the tensor info of {show(name)}"
         if len(name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
-            raise SynapseError(f"{path}: tensor name {_show(name)} is {GGML_MAX_NAME} bytes or longer")
+            raise SynapseError(f"{path}: tensor name {show(name)} is {GGML_MAX_NAME} bytes or longer")
         if name in names:
-            raise SynapseError(f"{path}: duplicate tensor name {_show(name)}")
+            raise SynapseError(f"{path}: duplicate tensor name {show(name)}")
         names.add(name)
         n_dims = r.take(_U32)
         if n_dims > GGML_MAX_DIMS:
-            raise SynapseError(f"{path}: tensor {_show(name)} has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+            raise SynapseError(f"{path}: tensor {show(name)} has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
         ne = [r.take(_U64) for _ in range(n_dims)]
         raw_type = r.take(_U32)
         offset = r.take(_U64)
@@ -571,16 +571,16 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
             ggml_type = GGMLQuantizationType(raw_type)
             block, type_size = GGML_QUANT_SIZES[ggml_type]
         except (ValueError, KeyError):
-            raise SynapseError(f"{path}: tensor {_show(name)} has unknown ggml type id {raw_type}") from None
+            raise SynapseError(f"{path}: tensor {show(name)} has unknown ggml type id {raw_type}") from None
         if any(d >= 1 << 63 for d in ne):
-            raise SynapseError(f"{path}: tensor {_show(name)} has a negative dimension {ne}")
+            raise SynapseError(f"{path}: tensor {show(name)} has a negative dimension {ne}")
         if ne and ne[0] % block:
             raise SynapseError(
-                f"{path}: tensor {_show(name)} of type {ggml_type.name} has rows of {ne[0]} elements, "
+                f"{path}: tensor {show(name)} of type {ggml_type.name} has rows of {ne[0]} elements, "
                 f"not a multiple of the block size {block}"
             )
         if offset % alignment:
-            raise SynapseError(f"{path}: tensor {_show(name)} data offset {offset} is not a multiple of the alignment {alignment}")
+            raise SynapseError(f"{path}: tensor {show(name)} data offset {offset} is not a multiple of the alignment {alignment}")
         n_elements = int(np.prod(ne, dtype=object)) if ne else 1
         table.append((name, ggml_type, tuple(reversed(ne)), offset, n_elements // block * type_size))
 
@@ -593,7 +593,7 @@ def _parse(path: Path, buf: np.ndarray) -> GGUFFile:
         start = data_offset + offset
         if start + n_bytes > r.size:
             raise SynapseError(
-                f"{path}: tensor {_show(name)} data ({n_bytes} bytes at offset {start}) runs past the end of the file "
+                f"{path}: tensor {show(name)} data ({n_bytes} bytes at offset {start}) runs past the end of the file "
                 f"({r.size} bytes): truncated file?"
             )
         tensors[name] = TensorInfo(name, ggml_type, shape, start, buf[start : start + n_bytes])

@@ -24,7 +24,7 @@ from .arch import ARCHS
 from .arch.recipe import NEEDED, dims
 from .errors import SynapseError
 from .formats import weight_formats
-from .gguf_file import REQUIRED, GGUFFile, _show
+from .gguf_file import REQUIRED, GGUFFile, show
 
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # "longrope" exists in llama.cpp, not supported here
 
@@ -378,6 +378,6 @@ def validate_tensors(g: GGUFFile, hp: HParams) -> None:
     extra = [n for n in g.tensors if n not in exp]
     if extra:
         raise SynapseError(
-            f"{g.path}: tensor {_show(extra[0])} is not used by arch {hp.arch} "
+            f"{g.path}: tensor {show(extra[0])} is not used by arch {hp.arch} "
             f"(or is present in some layers only){f' (+{len(extra) - 1} more)' if len(extra) > 1 else ''}"
         )

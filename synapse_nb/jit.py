@@ -321,11 +321,11 @@ def _nrt_cache_file(codegen):
     import numba
     from numba.core import config
 
-    from .kernels import _cache
+    from .kernels import cache_locators
 
     if config.DEBUG_NRT or config.NRT_STATS:
         return None
-    d = _cache.cache_dir()
+    d = cache_locators.cache_dir()
     if d is None:
         return None
     key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(), config.OPT, sys.version_info[:2]))

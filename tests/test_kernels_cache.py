@@ -118,7 +118,7 @@ import numpy as np
 from synapse_nb.jit import fast_start
 fast_start()
 from synapse_nb.kernels import get_rows, ops
-from synapse_nb.kernels._cache import cache_dir
+from synapse_nb.kernels.cache_locators import cache_dir
 
 class W:
     name, ggml_type, shape = "w", 0, (3, 64)  # F32

@@ -17,7 +17,7 @@ float accumulation reproduces ggml's AVX2/AVX-512 lane order (see kernels/legacy
 ``matmul(w, X)`` equals ``matvec(w, X[n])`` bit for bit, for any thread count.
 
 Every Numba function of this package is decorated with decorator.kernel, the one policy:
-cached (stamped with all of kernels/*.py, see _cache.py) and compiled with
+cached (stamped with all of kernels/*.py, see cache_locators.py) and compiled with
 ``error_model="numpy"``: a division by zero gives inf or nan as in ggml's C, instead of Numba's
 default Python semantics, which raise ZeroDivisionError from inside a parallel region (seen with
 an inf in a corrupted norm weight: "SystemError ... returned a result with an exception set").

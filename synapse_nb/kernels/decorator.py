@@ -2,7 +2,7 @@
 
 ``@kernel`` / ``@kernel(inline="always")`` / ``@kernel(parallel=True)`` is Numba's njit with the
 package's policy, so that no kernel differs from another in how it is compiled or cached:
-  * ``cache=True``, with the locators of _cache.py (installed here before the first kernel is
+  * ``cache=True``, with the locators of cache_locators.py (installed here before the first kernel is
     decorated, as Numba picks a function's locator then): a cached kernel depends on all of
     synapse_nb/kernels/*.py, never running code built from an older file it inlines;
   * ``error_model="numpy"``: a division by zero gives inf or nan as in ggml's C, instead of
@@ -14,11 +14,11 @@ Other njit options (inline, parallel, ...) pass through; cache and error_model m
 
 from numba import njit
 
-from . import _cache
+from . import cache_locators
 
 
 def kernel(fn=None, **options):
     """njit(cache=True, error_model="numpy", **options)(fn); without fn, the decorator."""
-    _cache.install()
+    cache_locators.install()
     dec = njit(cache=True, error_model="numpy", **options)
     return dec if fn is None else dec(fn)

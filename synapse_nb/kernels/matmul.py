@@ -29,7 +29,7 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   (block_ir.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, else a portable widening multiply);
   check ``inspect_asm()`` of any new row function for zmm/ymm (benchmarks/bench_kernels.py --asm).
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
-* Caching: a driver inlines row functions from other files; kernels/_cache.py makes every cached
+* Caching: a driver inlines row functions from other files; kernels/cache_locators.py makes every cached
   kernel of the package depend on all of synapse_nb/kernels/*.py, so an edit anywhere recompiles.
 * Every format of legacy.py and kquants.py with N > 1 goes through
   ``rows_dot_T(y, m, w_row, a)``: all activation rows (uint8 [N, act_row_bytes], C-contiguous)

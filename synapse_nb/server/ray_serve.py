@@ -113,7 +113,7 @@ def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str
     import signal
     import threading
 
-    from ..batch import _model_arg, _package_root
+    from ..batch import worker_model_arg, package_root
     from ..sampling import given_options
 
     ray, serve = import_serve()
@@ -123,10 +123,10 @@ def run(model_arg: str, *, address: str, replicas: int | tuple | None, host: str
         from ..models import resolve_model
 
         resolve_model(model_arg)  # a missing file / an unfetched name: said now (each node loads its own)
-    model_arg = _model_arg(model_arg)
+    model_arg = worker_model_arg(model_arg)
     port = _free_port(host, port)
     n_threads = threads or 1
-    pythonpath = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)
+    pythonpath = os.pathsep.join(p for p in (package_root(), os.environ.get("PYTHONPATH")) if p)
     env = {"env_vars": {"NUMBA_NUM_THREADS": str(n_threads), **({"PYTHONPATH": pythonpath} if pythonpath else {})}}
 
     stop = stop_event or threading.Event()
