@@ -48,7 +48,7 @@ def run(o) -> int:
         # llama-cli's warning when a conversation is forced without the model's own template
         log("warning: the model has no chat template: using llama.cpp's ChatML fallback, which may give "
             "suboptimal responses (--chat-template-file FILE gives one)")
-    session = engine.open_session(model, n_ctx, o.n_threads, o.n_batch)
+    session = engine.open_session(model, n_ctx, o.n_threads, o.n_batch, o.swa_full)
     n_threads = session.n_threads
     timings.update(compile_ms=0.0, n_threads=n_threads)
     from synapse_nb.sampling import sampler_from_options

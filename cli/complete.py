@@ -72,7 +72,7 @@ def run(o) -> int:
             raise click.UsageError("missing PROMPT: give it as an argument, '-' for standard input, or -f FILE")
         raise SynapseError("the prompt is empty (no tokens to evaluate)")
 
-    session = engine.open_session(model, o.n_ctx, o.n_threads, o.n_batch)
+    session = engine.open_session(model, o.n_ctx, o.n_threads, o.n_batch, o.swa_full)
     n_threads = session.n_threads  # at most Numba's thread count
     session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
     sampler = None

@@ -107,6 +107,9 @@ run_options = _compose([
     click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
                  help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder)."),
     click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens."),
+    click.option("--swa-full", is_flag=True,
+                 help="Sliding-window layers keep every position (llama.cpp's --swa-full; the same results, more "
+                      "memory); by default they hold their window and a batch."),
     click.option("-v", "--verbose", is_flag=True, help="More logs on stderr; tracebacks on errors."),
 ])
 

@@ -63,12 +63,12 @@ def run(o) -> int:
                       batch_size=o.n_batch, threads=o.n_threads, n_predict=o.n_predict if o.n_predict_given else -1,
                       sampling=o.sampling, chat_template_file=o.chat_template_file, jinja=o.jinja,
                       verbose=o.verbose, log=log, compiling=Compiling, grammar=grammar_text(o.grammar_opts),
-                      ray_address=o.ray_address, replicas=o.replicas)
+                      ray_address=o.ray_address, replicas=o.replicas, swa_full=o.swa_full)
 
 
 def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue, no_webui, ctx_size, batch_size,
                threads, n_predict, sampling, chat_template_file, jinja, verbose, log, compiling, grammar=None,
-               ray_address=None, replicas=None) -> int:
+               ray_address=None, replicas=None, swa_full=False) -> int:
     """Load, warm up, listen, serve until SIGINT / SIGTERM; exit status 0. With ray_address (--ray:
     "local" or a cluster's address) the replicas of Ray Serve load the model and serve instead."""
     from synapse_nb.chat import read_template_file
@@ -106,7 +106,8 @@ def run_server(model_arg, *, host, port, n_parallel, api_key, timeout, max_queue
         llama = Llama(model_arg, model=model, n_ctx=ctx_size, n_threads=engine.all_cores(threads),
                       n_batch=batch_size, n_parallel=n_parallel or 4, seed=seed, sampling=defaults,
                       n_predict=n_predict, chat_template=template, chat_template_origin=chat_template_file,
-                      jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose, grammar=grammar)
+                      jinja=jinja, max_queue=max_queue, warmup=False, verbose=verbose, grammar=grammar,
+                      swa_full=swa_full)
         if template is not None or model.tokenizer.chat_template is not None:
             llama.apply_chat_template([{"role": "user", "content": "Hello"}])  # a bad template: now
     except BaseException:

@@ -189,7 +189,8 @@ class Llama:
     random per request); n_predict: default max_tokens of a request without one (-1: until the
     context is full); sampling: default Sampler parameters (the CLI's sampling flags); chat_template
     (text) / jinja: as llama-decode's --chat-template-file / --jinja; max_queue: requests waiting for
-    a slot beyond which a new one raises ServerBusy (None: unbounded). warmup compiles the kernels
+    a slot beyond which a new one raises ServerBusy (None: unbounded); swa_full: as Session's.
+    warmup compiles the kernels
     now. Raises SynapseError for a bad model or option.
     """
 
@@ -197,7 +198,7 @@ class Llama:
                  n_parallel: int = 1, seed: int = -1, n_predict: int = -1, sampling: dict | None = None,
                  chat_template: str | None = None, chat_template_origin: str | None = None, jinja: bool = True,
                  max_queue: int | None = None, warmup: bool = True, verbose: bool = False, model=None,
-                 grammar: str | None = None, **ignored):
+                 grammar: str | None = None, swa_full: bool = False, **ignored):
         from . import engine
         from .parallel import ParallelSession
         from .sampling import DEFAULTS, Sampler
@@ -209,7 +210,7 @@ class Llama:
         self.model_path = str(model.path)
         self.verbose = verbose
         self.engine = ParallelSession(model, n_seq=n_parallel, n_ctx=n_ctx, n_threads=engine.all_cores(n_threads),
-                                      n_batch=n_batch)
+                                      n_batch=n_batch, swa_full=swa_full)
         self.n_ctx = self.engine.n_ctx
         self.n_parallel = self.engine.n_seq
         self.n_threads = self.engine.n_threads

@@ -88,8 +88,9 @@ def prefill_check(model: Model, tokens, n_ctx: int | None = None, n_threads: int
     ids = list(tokens)
     if n_ctx is None:
         n_ctx = max(len(ids), default_n_ctx(model.hparams))
-    batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-    single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1)
+    # full-size sliding-window caches: every position's K/V is compared
+    batched = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, swa_full=True)
+    single = Session(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=1, swa_full=True)
     n = len(ids)
     if n == 0:
         batched.eval(ids)  # raises the empty-prompt error

@@ -33,9 +33,9 @@ def all_cores(n_threads: int | None) -> int:
 
 
 def open_session(model: Model, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_batch: int = DEFAULT_N_BATCH) -> Session:
-    """A Session of model (n_ctx as Session takes it) on n_threads threads (all_cores' count)."""
-    return Session(model, n_ctx=n_ctx, n_threads=all_cores(n_threads), n_batch=n_batch)
+                 n_batch: int = DEFAULT_N_BATCH, swa_full: bool = False) -> Session:
+    """A Session of model (n_ctx and swa_full as Session takes them) on n_threads threads (all_cores' count)."""
+    return Session(model, n_ctx=n_ctx, n_threads=all_cores(n_threads), n_batch=n_batch, swa_full=swa_full)
 
 
 def warm_up(model: Model, *, progress=None, sampler=None, all_samplers: bool = False, jobs: int = 1,

@@ -33,7 +33,7 @@ import numpy as np
 from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .session import DEFAULT_N_BATCH, check_session_args
-from .state import ForwardState, KVCache, lazy_zeros, k_rows, v_rows
+from .state import ForwardState, KVCache, WindowRelease, lazy_zeros, k_rows, v_rows
 from .kernels import attention as _attn
 
 
@@ -82,11 +82,12 @@ class ParallelSession:
     n_ctx: positions per sequence (default min(n_ctx_train, 4096); 0: n_ctx_train); n_batch: rows
     a step runs at most (raised to n_seq, so that every generating sequence moves each step);
     n_threads: Numba threads (results do not depend on it). KV memory is committed as positions
-    are written. Raises SynapseError for values out of range.
+    are written; swa_full as Session's (without it a slot whose window gave back what a reused
+    prefix needs evaluates its prompt again). Raises SynapseError for values out of range.
     """
 
     def __init__(self, model, n_seq: int = 4, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_batch: int = DEFAULT_N_BATCH):
+                 n_batch: int = DEFAULT_N_BATCH, swa_full: bool = False):
         hp = model.hparams
         n_ctx, n_batch, n_threads = check_session_args(hp, n_ctx, n_threads, n_batch, n_seq=n_seq)
         self.model = model
@@ -103,6 +104,7 @@ class ParallelSession:
             raise SynapseError(f"cannot allocate the KV cache of {self.n_seq} x {self.n_ctx} positions "
                                f"({need / 2**30:.1f} GiB): {e}") from None
         self.state = ForwardState(hp, self.n_batch, self.n_ctx)
+        self._window = WindowRelease(hp, self.n_seq, swa_full)
         self._decode_threads = DecodeThreads(self.n_threads) if self.n_threads and self.n_threads > 1 else None
         self._slot_seq: list[Sequence | None] = [None] * self.n_seq
         self._slot_tokens: list[list] = [[] for _ in range(self.n_seq)]  # what each slot's cache holds
@@ -198,6 +200,9 @@ class ParallelSession:
                 if n > best_n:
                     best, best_n = i, n
             reuse = min(best_n, len(seq.prompt) - 1)
+            if not self._window.can_keep(best, reuse):
+                reuse = 0  # the window gave back what the prompt's next rows read: evaluate it all again
+                self._window.reset(best)
             seq.slot, seq.n_past, seq.n_reused = best, reuse, reuse
             del self._slot_tokens[best][reuse:]
             seq._pending = seq.prompt[reuse:]
@@ -260,6 +265,7 @@ class ParallelSession:
             self._slot_tokens[seq.slot].extend(seq._pending[:n])
             del seq._pending[:n]
             seq.n_past += n
+            self._window.after_write(self._k[seq.slot], self._v[seq.slot], seq.slot, seq.n_past)
         with self._lock:
             for seq, row in zip(outs, logits):
                 self._choose(seq, row)

@@ -20,7 +20,7 @@ from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .hparams import HParams
 from .model import Model
-from .state import ForwardState, KVCache
+from .state import ForwardState, KVCache, WindowRelease
 
 __all__ = ["Session", "KVCache", "ForwardState", "DEFAULT_N_BATCH", "DEFAULT_N_CTX_MAX", "default_n_ctx",
            "resolve_n_ctx", "usable_threads", "check_token_ids", "check_n_ctx", "check_session_args"]
@@ -122,11 +122,13 @@ class Session:
     n_ctx: cache positions (default min(n_ctx_train, 4096); 0: n_ctx_train); n_threads: Numba threads used by
     eval (default: Numba's current setting; results do not depend on it; with n_threads > 1 a
     one-token eval may take 1 while that is faster, see decode_threads); n_batch: tokens per
-    forward. Raises SynapseError for values out of range.
+    forward; swa_full (llama.cpp's --swa-full): the sliding-window layers keep every position
+    (default: they give back what their window no longer reads, see state.WindowRelease; the bits
+    are the same). Raises SynapseError for values out of range.
     """
 
     def __init__(self, model: Model, n_ctx: int | None = None, n_threads: int | None = None,
-                 n_batch: int = DEFAULT_N_BATCH):
+                 n_batch: int = DEFAULT_N_BATCH, swa_full: bool = False):
         hp = model.hparams
         n_ctx, n_batch, n_threads = check_session_args(hp, n_ctx, n_threads, n_batch, what=f"{model.path}: ")
         kv_bytes = KVCache.nbytes(hp, n_ctx)
@@ -141,6 +143,8 @@ class Session:
             raise SynapseError(f"n_ctx {n_ctx}: cannot allocate the KV cache ({kv_bytes / 2**30:.1f} GiB): {e}; "
                                f"use a smaller context (-c/--ctx-size)") from None
         self.state = ForwardState(hp, self.n_batch, self.n_ctx)
+        self._window = WindowRelease(hp, 1, swa_full)
+        self._tokens: list[int] = []  # the cached positions' tokens (to evaluate again what a window gave back)
         self._n_past = 0
 
     def check_prompt(self, n_tokens: int) -> None:
@@ -161,14 +165,26 @@ class Session:
     def reset(self) -> None:
         """Empty the KV cache (n_past = 0). Stale entries are never read: attention stops at p."""
         self._n_past = 0
+        self._tokens.clear()
+        self._window.reset(0)
 
     def truncate(self, n_past: int) -> None:
         """Keep the first n_past cached positions and drop the rest (llama_memory_seq_rm(mem, 0,
-        n_past, -1)), so the next eval continues at position n_past. Raises SynapseError unless
-        0 <= n_past <= self.n_past."""
+        n_past, -1)), so the next eval continues at position n_past. When the sliding-window layers
+        have given back positions a query at n_past reads, the first n_past tokens are evaluated
+        again (the same bits: a sequence's K/V do not depend on the split). Raises SynapseError
+        unless 0 <= n_past <= self.n_past."""
         if not isinstance(n_past, (int, np.integer)) or not 0 <= n_past <= self._n_past:
             raise SynapseError(f"truncate: n_past must be in [0, {self._n_past}], got {n_past!r}")
-        self._n_past = int(n_past)
+        n_past = int(n_past)
+        if self._window.can_keep(0, n_past):
+            self._n_past = n_past
+            del self._tokens[n_past:]
+            return
+        kept = self._tokens[:n_past]
+        self.reset()
+        if kept:
+            self.eval(kept)
 
     def eval(self, tokens, all_logits: bool = False, progress=None) -> np.ndarray:
         """Append tokens to the cache (in batches of n_batch) and return their logits.
@@ -211,6 +227,8 @@ class Session:
             logits = self.model.forward(self.state, self.cache, batch, self._n_past, all_logits=all_logits,
                                         want_logits=want)
             self._n_past += len(batch)
+            self._tokens.extend(batch.tolist())
+            self._window.after_write(self.cache.k, self.cache.v, 0, self._n_past)
             if all_logits:
                 out[b0:b0 + len(batch)] = logits
             elif want:

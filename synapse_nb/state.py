@@ -26,6 +26,102 @@ def lazy_zeros(shape, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
+# ---------------------------------------------------------------- a sliding window's bounded cache
+# A sliding-window layer's query at position p reads keys from p - n_swa + 1 on, and the attention
+# kernels start at that position's 64-tile. Once n_past positions are written, later queries are at
+# n_past or beyond, so the tiles below swa_floor(n_past, n_swa) are never read again: their pages
+# are given back to the system (MADV_REMOVE on the shared anonymous mapping: its bytes read as zero
+# again). Positions stay where they are, so every kernel reads the same cells in the same order, and
+# the bits are those of a full-size cache (llama.cpp's --swa-full layout the goldens use); only the
+# memory a sliding-window layer holds is bounded: its window and the batch being written, plus the
+# 64-position tile and the page each release rounds to. Going back (Session.truncate, a reused
+# prefix) below what the window kept needs those positions evaluated again, as llama.cpp's SWA cache
+# makes a server re-process a prompt.
+
+def swa_floor(n_past: int, n_swa: int) -> int:
+    """The lowest position a sliding window of n_swa (> 0) still reads once n_past positions are
+    written, rounded down to the attention kernels' 64-position tile: keys below it can go."""
+    return max(0, n_past - n_swa + 1) // _attn.KT * _attn.KT
+
+
+def _mapping(a: np.ndarray) -> tuple:
+    """(the anonymous mapping under a lazy_zeros array or a view of one, its first byte's address)."""
+    x = a
+    while isinstance(x, np.ndarray):
+        root, x = x, x.base
+    if not isinstance(x, memoryview) or not isinstance(x.obj, mmap.mmap):
+        raise TypeError("not a view of a lazy_zeros array")
+    return x.obj, root.ctypes.data
+
+
+def _release(mm: mmap.mmap, start: int, lo: int, hi: int) -> None:
+    """Give back the whole pages inside bytes [lo, hi) (addresses) of mm, which begins at start."""
+    lo = -(-(lo - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (hi - start) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        mm.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+
+
+def release_positions(k_layer: np.ndarray, v_layer: np.ndarray, n_pos: int) -> None:
+    """Give back the memory of positions 0..n_pos-1 (a multiple of 64) of one layer's cache, views of
+    lazy_zeros arrays: k_layer uint16 [n_head_kv, n_ctx / 64, head_dim_k, 64], v_layer uint16
+    [n_head_kv, 64, n_ctx / 64, head_dim_v] (KVCache's layouts). Their entries read as zero after.
+    K's tiles are 64 x head_dim_k x 2 bytes in a row; V holds each lane's tiles in a row, so its
+    release is in whole pages of one lane (4096 / (2 head_dim_v) tiles)."""
+    tiles = n_pos // _attn.KT
+    if tiles <= 0:
+        return
+    mm, start = _mapping(k_layer)
+    for g in range(k_layer.shape[0]):
+        lo = k_layer[g].ctypes.data
+        _release(mm, start, lo, lo + tiles * k_layer.strides[1])
+    mm, start = _mapping(v_layer)
+    for g in range(v_layer.shape[0]):
+        for lane in range(v_layer.shape[1]):
+            lo = v_layer[g, lane].ctypes.data
+            _release(mm, start, lo, lo + tiles * v_layer.strides[2])
+
+
+class WindowRelease:
+    """What a cache's sliding-window layers have given back (release_positions), per cache slot:
+    made by a Session (one slot) or a ParallelSession (n_seq). swa_full (llama.cpp's --swa-full)
+    keeps every position, as the full-attention layers do."""
+
+    def __init__(self, hp: HParams, n_slot: int = 1, swa_full: bool = False):
+        self.n_swa = hp.n_swa
+        self.layers = [] if swa_full or hp.n_swa <= 0 else [il for il in range(hp.n_layer) if hp.is_swa(il)]
+        self.released = [0] * n_slot  # positions below this are gone from the slot's window layers
+
+    def after_write(self, k: np.ndarray, v: np.ndarray, slot: int, n_past: int) -> None:
+        """Release what no later query reads, after the slot's first n_past positions are written;
+        k, v: that slot's KVCache.k / .v ([n_layer, ...])."""
+        if not self.layers:
+            return
+        floor = swa_floor(n_past, self.n_swa)
+        if floor > self.released[slot]:
+            for il in self.layers:
+                release_positions(k[il], v[il], floor)
+            self.released[slot] = floor
+
+    def can_keep(self, slot: int, n_past: int) -> bool:
+        """Whether the slot can go back to n_past cached positions and go on from there: what a query
+        at n_past reads is still held (else those positions must be evaluated again)."""
+        return not self.layers or swa_floor(n_past, self.n_swa) >= self.released[slot]
+
+    def reset(self, slot: int) -> None:
+        """The slot starts again from position 0 (its released pages read as zero until rewritten)."""
+        self.released[slot] = 0
+
+    @staticmethod
+    def held_positions(hp: HParams, n_ctx: int, n_batch: int, swa_full: bool = False) -> int:
+        """Most positions a sliding-window layer holds at once: its window, a batch, the tile the
+        release rounds to and V's page (a bound, for the memory check)."""
+        if swa_full or hp.n_swa <= 0:
+            return n_ctx
+        page_tiles = max(1, mmap.PAGESIZE // (2 * hp.head_dim_v))
+        return min(n_ctx, hp.n_swa + n_batch + _attn.KT * (1 + page_tiles))
+
+
 def k_rows(k: np.ndarray, il: int, n: int) -> np.ndarray:
     """K of layer il at positions 0..n-1 as F16 bits, uint16 [n, n_embd_k] (a copy), from a cache's
     k (KVCache.k's layout: uint16 [n_layer, n_head_kv, ceil(n_ctx / 64), head_dim_k, 64])."""

@@ -518,3 +518,20 @@ def test_long_prefill_progress_on_a_terminal_only(capsys):
     p(64, 128)
     p(128, 128)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_swa_full_gives_the_same_continuation_past_the_window(tmp_path):
+    """Gemma 3, a 720-token prompt past its 512-token window, 16 tokens: the default bounded
+    window cache and --swa-full (llama.cpp's flag) print the same token ids and logits."""
+    toks = next(c for c in json.loads(REAL_MODELS["gemma-3-270m-q4_k_m"].read_text())["cases"]
+                if c["name"] == "long-swa")["tokens"]
+    outs = []
+    for extra in ([], ["--swa-full"]):
+        out = tmp_path / f"logits{len(extra)}.npy"
+        res = run(real_model_path("gemma-3-270m-q4_k_m"), "--tokens", ",".join(map(str, toks)), "-n", "16",
+                  "--json", "--ignore-eos", "-c", "1024", "--logits-out", str(out), *extra)
+        assert res.returncode == 0, res.stderr.decode()
+        outs.append((json.loads(res.stdout)["tokens"], np.load(out)))
+    assert outs[0][0] == outs[1][0] and len(outs[0][0]) == 16
+    assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))

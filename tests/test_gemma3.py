@@ -65,3 +65,74 @@ def test_prefill_equals_token_by_token_past_the_window(gemma3):
     assert len(toks) > gemma3.hparams.n_swa + 64
     res = prefill_check(gemma3, toks, n_ctx=1024, n_threads=2)
     assert res.ok, str(res)
+
+
+def _rss_shmem_kib() -> int:
+    """The process's resident shared-anonymous memory (the KV caches' lazy_zeros mappings), KiB."""
+    for line in open("/proc/self/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    pytest.skip("no RssShmem in /proc/self/status")
+
+
+@pytest.mark.slow
+def test_window_layers_give_back_what_the_window_no_longer_reads(gemma3):
+    """The default cache (the window layers' pages released below their window, state.WindowRelease)
+    gives the bits of llama.cpp's --swa-full layout: every logit of the 720-token long-swa case,
+    then a decode step; the released K tiles of a window layer read as zero, a full layer's do not."""
+    from synapse_nb.session import Session
+
+    toks = next(c for c in CASES if c["name"] == "long-swa")["tokens"]
+    full = Session(gemma3, n_ctx=1024, n_threads=2, swa_full=True)
+    bounded = Session(gemma3, n_ctx=1024, n_threads=2)
+    a, b = full.eval(toks, all_logits=True), bounded.eval(toks, all_logits=True)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    tok = int(np.argmax(a[-1]))
+    assert np.array_equal(full.eval([tok]).view(np.uint32), bounded.eval([tok]).view(np.uint32))
+    # 721 positions: a query at 721 reads from 721 - 511 = 210, whose tile starts at 192
+    assert not bounded.cache.k[0, :, :3].any() and full.cache.k[0, :, :3].any()
+    assert bounded.cache.k[0, :, 3].any()
+    assert bounded.cache.k[5, :, :3].any()  # layer 5 attends everything: nothing released
+
+
+@pytest.mark.slow
+def test_going_back_below_the_window_evaluates_again(gemma3):
+    """Session.truncate to a position whose window was given back evaluates the kept tokens again:
+    the next logits are those of a session that ran the same tokens without going back."""
+    from synapse_nb.session import Session
+
+    toks = next(c for c in CASES if c["name"] == "long-swa")["tokens"]
+    s = Session(gemma3, n_ctx=1024, n_threads=2)
+    s.eval(toks)
+    s.truncate(100)
+    assert s.n_past == 100
+    got = s.eval(toks[100:110], all_logits=True)
+    ref = Session(gemma3, n_ctx=1024, n_threads=2).eval(toks[:110], all_logits=True)[100:]
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    s.truncate(109)  # within what the window kept: no evaluation again, the same next logits
+    assert np.array_equal(s.eval([toks[109]]).view(np.uint32), ref[-1].view(np.uint32))
+
+
+@pytest.mark.slow
+def test_window_cache_memory_is_bounded(gemma3):
+    """Resident KV memory after a 1,600-token prompt at n_ctx 2048: the 3 full layers hold every
+    position, the 15 window layers at most their window, a batch, a tile and a V page each
+    (WindowRelease.held_positions); with --swa-full all 18 hold 1,600."""
+    from synapse_nb.session import Session
+    from synapse_nb.state import WindowRelease
+
+    hp = gemma3.hparams
+    n = 1600
+    toks = (next(c for c in CASES if c["name"] == "long-swa")["tokens"] * 3)[:n]
+    per_pos_kib = hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2 / 1024  # one layer, one position
+    held = WindowRelease.held_positions(hp, 2048, 64)
+    assert held < n
+    used = {}
+    for swa_full in (True, False):
+        before = _rss_shmem_kib()
+        s = Session(gemma3, n_ctx=2048, n_threads=2, n_batch=64, swa_full=swa_full)
+        s.eval(toks)
+        used[swa_full] = _rss_shmem_kib() - before
+        del s
+    assert used[True] >= 18 * n * per_pos_kib
+    assert used[False] <= (3 * n + 15 * held) * per_pos_kib < used[True]

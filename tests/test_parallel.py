@@ -207,3 +207,25 @@ def test_real_models_parallel_equal_lone(name):
     ps.run(chunk=lambda s, n: rng.randrange(1, n + 1))
     for i, (seq, ref) in enumerate(zip(seqs, refs)):
         _assert_same(seq, ref, f"{name} case {i}")
+
+
+@pytest.mark.slow
+def test_reused_prefix_past_a_released_window(gemma3):
+    """Gemma 3's window layers give back positions below their 512-token window: a slot's cached
+    prefix is reused when what the new prompt's next rows read is still held (the prompt's first
+    715 tokens after a 722-position run), and evaluated again otherwise (its first 300 tokens);
+    both equal the prompts decoded alone, bit for bit."""
+    import json
+
+    long = next(c for c in json.loads(REAL_MODELS["gemma-3-270m-q4_k_m"].read_text())["cases"]
+                if c["name"] == "long-swa")["tokens"]
+    n_ctx = 768
+    ps = ParallelSession(gemma3, n_seq=1, n_ctx=n_ctx, n_batch=64)
+    ps.add(long, 2, ignore_eos=True)
+    ps.run()
+    for keep, reused in ((715, 715), (300, 0)):
+        prompt = long[:keep] + [236761, 107, 236761]
+        seq = ps.add(prompt, 3, ignore_eos=True, keep_logits=True)
+        ps.run()
+        assert seq.n_reused == reused, keep
+        _assert_same(seq, _alone(gemma3, prompt, 3, n_ctx=n_ctx), f"prefix {keep}")
