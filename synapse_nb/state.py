@@ -58,8 +58,11 @@ def _release(mm: mmap.mmap, start: int, lo: int, hi: int) -> None:
     """Give back the whole pages inside bytes [lo, hi) (addresses) of mm, which begins at start."""
     lo = -(-(lo - start) // mmap.PAGESIZE) * mmap.PAGESIZE
     hi = (hi - start) // mmap.PAGESIZE * mmap.PAGESIZE
-    if hi > lo:
-        mm.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+    if hi > lo and hasattr(mmap, "MADV_REMOVE"):  # Linux; elsewhere the pages stay (the same bits)
+        try:
+            mm.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+        except OSError:
+            pass  # not given back: more memory, nothing else changes
 
 
 def release_positions(k_layer: np.ndarray, v_layer: np.ndarray, n_pos: int) -> None:
