@@ -11,7 +11,8 @@ in two settings:
   default       what a llama.cpp user gets: weight repacking on, flash attention auto, its batch sizes;
   like-for-like as synapse_nb runs: --repack 0, -fa off, -b 64 -ub 64 (the fixtures' settings).
 Figures (each the median over --runs repetitions; every ratio is ours / llama.cpp, higher is
-better for tok/s, lower for seconds and MiB):
+better for tok/s, lower for seconds and MiB; short and long run ours and llama.cpp's two
+settings in interleaved rounds, one repetition each, so that drift falls on all three):
   short    prefill of 128 and 512 tokens (tok/s) and decode of 64 tokens (tok/s), as llama-bench
            -p / -n: timed in-process after a warm-up, each repetition from an empty cache;
   long     prefill of 3000 tokens, and decode of 32 tokens after a 3000-token prompt (-n 32 -d 3000);
@@ -241,12 +242,17 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
     print(f"\n## {model} ({size:.0f} MiB, {threads} threads, median of {runs})")
 
     def both(n_prompt=0, n_gen=0, depth=0):
-        d = l = None
-        if bin_dir:
-            d = llama_bench(bin_dir, path, threads, [], n_prompt, n_gen, depth, runs)[0]
-            l = llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, n_prompt, n_gen, depth, runs)[0]
-        v = ours(path, threads, "pp" if n_prompt else "tg", n_prompt, n_gen, depth, runs)[0]
-        return v, d, l
+        # Interleaved: each round runs llama.cpp default, like-for-like and ours once (each its own
+        # process, its own warm-up), so that a shared machine's drift (its memory bandwidth moved
+        # 2x between minutes) falls on the three alike; the medians are over the rounds.
+        d, l, v = [], [], []
+        for _ in range(runs):
+            if bin_dir:
+                d.append(llama_bench(bin_dir, path, threads, [], n_prompt, n_gen, depth, 1)[0])
+                l.append(llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, n_prompt, n_gen, depth, 1)[0])
+            v.append(ours(path, threads, "pp" if n_prompt else "tg", n_prompt, n_gen, depth, 1)[0])
+        med = statistics.median
+        return med(v), med(d) if d else None, med(l) if l else None
 
     if "short" in only:
         rows = [(f"prefill {n} tok (tok/s)", *both(n_prompt=n)) for n in (128, 512)]
@@ -257,8 +263,11 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
                                 ("decode 32 tok at depth 3000 (tok/s)", *both(n_gen=32, depth=3000))])
     if "start" in only:
         ours_cmd = [*_decode_cmd(), path, "Hello", "-n", "1", "-c", "512", "-t", str(threads)]
-        _run(ours_cmd)  # the kernel cache is warm
-        o = [_run(ours_cmd)[:2] for _ in range(runs)]
+        # as an installed package runs: with its modules' bytecode (pip compiles it; a sandbox's
+        # PYTHONDONTWRITEBYTECODE=1 would make every start compile ~60 modules, 0.1 s)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        _run(ours_cmd, env=env)  # the kernel cache is warm, the bytecode written
+        o = [_run(ours_cmd, env=env)[:2] for _ in range(runs)]
         rows = [("warm start, 1-token run (s)", statistics.median(x[0] for x in o), None, None),
                 ("peak RSS of that run (MiB)", statistics.median(x[1] for x in o), None, None)]
         if bin_dir:
