@@ -418,20 +418,22 @@ def pv_chain(typingctx, acc, ao, as_, fresh, vc, vo, vs, w, wo, ws, m0, m1, nq, 
 
 
 @intrinsic
-def reduce64(typingctx, acc, ao, als, out, oo):
+def reduce64(typingctx, acc, ao, als, out, oo, nl):
     """out[oo + c] = ggml's reduction of the 64 lane accumulators acc[ao + l*als + c], l < 64, for
     16 channels c: (acc_l + acc_{32+l}) + (acc_{16+l} + acc_{48+l}), then _mm512_reduce_add_ps's
-    tree over l < 16 (_reduce_lanes64 on 16 channels)."""
-    sig = types.void(acc, types.intp, types.intp, out, types.intp)
+    tree over l < 16 (_reduce_lanes64 on 16 channels). Lanes l >= nl are +0 (lanes that took no
+    step: their accumulators are not read, so they need not be written)."""
+    sig = types.void(acc, types.intp, types.intp, out, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        accv, aov, alsv, outv, oov = args
+        accv, aov, alsv, outv, oov, nlv = args
         ap = _ptr(context, builder, signature.args[0], accv, ir.FloatType())
         op = _ptr(context, builder, signature.args[3], outv, ir.FloatType())
         intp = aov.type
 
         def lane(l):
-            return _vload(builder, ap, builder.add(aov, builder.mul(alsv, intp(l))))
+            v = _vload(builder, ap, builder.add(aov, builder.mul(alsv, intp(l))))
+            return builder.select(builder.icmp_signed("<", intp(l), nlv), v, _vconst(0.0))
 
         r = [builder.fadd(builder.fadd(lane(l), lane(32 + l)), builder.fadd(lane(16 + l), lane(48 + l)))
              for l in range(16)]
@@ -675,7 +677,7 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb)
     window's first tile; 0 without), into acc (float32 [n_head, 64, hd_v]). wf: the probabilities
     [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v], all flat."""
     cs = _chunk(gqa, PV_MAX_Q4)
-    for l in range(quarter * 16, quarter * 16 + 16):
+    for l in range(quarter * 16, min(quarter * 16 + 16, n_kv - m0 * KT)):  # lanes with a step
         for cb in range(0, hd_v, 64):
             vo = (g * KT + l) * nt * hd_v + cb
             for hc in range(0, gqa, cs):
@@ -711,9 +713,10 @@ def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, q
         _softmax(scf, h * nctx64 + blk0 * KT, n_kv - blk0 * KT, kq_scale)
     for it in prange(n_head_kv * 4):
         _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, blk0, n_kv, pa, pb)
+    nl = min(KT, n_kv - blk0 * KT)  # lanes that took a step (the others are +0: not written)
     for h in range(n_head):  # the 64-lane reductions (a few hundred vector adds)
         for d in range(0, hd_v, 16):
-            reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d)
+            reduce64(accf, h * KT * hd_v + d, hd_v, orow, h * hd_v + d, nl)
 
 
 @kernel(inline="always")
@@ -766,8 +769,9 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
     cs = _chunk(R, PV_MAX_Q4)
     cr = _chunk(gqa, PV_MAX_Q4)
     ls = acc.shape[2]  # 64 channels of one lane
+    nl = min(KT, n_max - lo64)  # lanes with a step for some row (the others stay +0: not written)
     for cb in range(0, hd_v, 64):
-        for l in range(KT):
+        for l in range(nl):
             vo = (g * KT + l) * nt * hd_v + cb
             m_all = _lane_steps(n_min, l)
             for r0 in range(0, R, cs):
@@ -784,7 +788,7 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
             orow = out[t0 + r // gqa]
             o = (g * gqa + r % gqa) * hd_v + cb
             for d in range(0, 64, 16):
-                reduce64(accf, r * KT * ls + d, ls, orow, o + d)
+                reduce64(accf, r * KT * ls + d, ls, orow, o + d, nl)
 
 
 def _ws_sizes(n_head, n_head_kv, head_dim_k, head_dim_v, nctx64):
