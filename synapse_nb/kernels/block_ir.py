@@ -61,7 +61,7 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
     lanes, same roundings), with the rows' scalars and lanes in vectors:
-      d_r = F16(w_r[w_off + d_off]) * F16(a[a_off + a_d_off])          (4 products in one vmulps)
+      d_r = F16(w_r[w_off + d_off]) * F16(a[a_off + a_d_off])    (two rows' products in one 16-lane vmulps)
       acc_r[l] = fma(d_r, float(lanes_r[l]), acc_r[l]), l < 8         (two rows per 16-lane op)
       with_min: sums[2r+1] = fma(F16(m_r), F16(s), sums[2r+1]), m_r at w_off + d_off + 2 and s at
       a_off + a_d_off + 2 (the even lanes of sums hold junk: read only the odd ones).
@@ -99,7 +99,6 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
                 wf = ir_f16_vec_to_f32(builder, builder.bitcast(wv, ir.VectorType(i16, 8)))
                 av = ir_splat(builder, at(ap, a_d_off, i32), 4)
                 af = ir_f16_vec_to_f32(builder, builder.bitcast(av, ir.VectorType(i16, 8)))
-                dprod = builder.fmul(wf, af)
                 fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
                 sptr = builder.bitcast(ps, v8f.as_pointer())
                 builder.store(builder.call(fma8, [wf, af, builder.load(sptr, align=4)]), sptr, align=4)
@@ -110,16 +109,20 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
                     wv = builder.insert_element(wv, at(wp[r], d_off, i16), ir.Constant(i32, r))
                 wf = ir_f16_vec_to_f32(builder, wv)
                 af = ir_f16_vec_to_f32(builder, ir_splat(builder, at(ap, a_d_off, i16), 4))
-                dprod = builder.fmul(wf, af)
                 pick = (0, 1, 2, 3)
             a32 = ir_int8x32(builder, builder.gep(ap, [ir.Constant(ir.IntType(64), a_q_off)]))
             a64 = builder.shuffle_vector(a32, a32, ir.Constant(ir.VectorType(_I32, 64), list(range(32)) * 2))
             fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+            # d of rows 2 pair, 2 pair + 1 spread over their 8 lanes each, times da: the weight side
+            # alone is spread, so that a kernel running many activation rows on the same weight
+            # blocks (rows_dot8) spreads it once (each lane the product F16(dw) * F16(da), as before)
+            af16 = builder.shuffle_vector(af, af, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
             for pair, accp in ((0, p01), (1, p23)):
                 w8 = decode2(builder, wp[2 * pair], wp[2 * pair + 1])
                 lanes = ir_lanes_offset(builder, w8, a64, offset)
                 i0, i1 = pick[2 * pair], pick[2 * pair + 1]
-                dv = builder.shuffle_vector(dprod, dprod, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
+                wv16 = builder.shuffle_vector(wf, wf, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
+                dv = builder.fmul(wv16, af16)
                 vptr = builder.bitcast(accp, v16f.as_pointer())
                 acc = builder.load(vptr, align=4)
                 builder.store(builder.call(fma16, [dv, builder.sitofp(lanes, v16f), acc]), vptr, align=4)

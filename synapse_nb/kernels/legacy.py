@@ -282,7 +282,7 @@ def rows_dot8_{w}_{a}(y, m, w, a):
             acc8_zero(ptr_offset(sums, 16 * n + 8))
         for b in range(nb):
             for n in range(ng):
-                an = a[g + n]
+                an = a[np.uint64(g + n)]  # an unsigned index: no wraparound test per row
                 pa = ptr_offset(accs, 64 * n)
                 ps = ptr_offset(sums, 16 * n)
                 _blk4m_{w}(pa, ptr_offset(pa, 16), ps, w0, w1, w2, w3, b * {WB}, an, b * {AB})
@@ -380,7 +380,7 @@ def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
             d0 = f16_le(w_row, b0 * 18)
             d1 = f16_le(w_row, b1 * 18)
             for n in range(ng):
-                an = a[g + n]
+                an = a[np.uint64(g + n)]  # an unsigned index: no wraparound test per row
                 _blk_iq4_nl(ptr_offset(acc1, 8 * n), f16_le(an, b0 * 34) * d0, w_row, b0 * 18, an, b0 * 34 + 2)
                 _blk_iq4_nl(ptr_offset(acc2, 8 * n), f16_le(an, b1 * 34) * d1, w_row, b1 * 18, an, b1 * 34 + 2)
         for n in range(ng):
