@@ -519,3 +519,19 @@ def test_one_very_long_token_does_not_hang_the_spm_table(tmp_path):
 
     assert prompt_byte_limit(load_tokenizer(model), 4096) == PROMPT_BYTES_MAX
     assert prompt_byte_limit(ref, 4096) == 4096 * 64
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "mistral-spm-v1", "mistral-spm-v3", "gemma3"])
+def test_compiled_spm_pairs_equal_the_character_path(name):
+    """merge.spm_pairs (compiled, on UTF-8 bytes) tabulates the merges of a SentencePiece
+    vocabulary exactly as the character-by-character path (spm._pairs_by_characters, which the
+    llama.cpp cases above check) does: the same pairs in the same order, the same extra ids;
+    a vocabulary with an invalid byte (a surrogate escape) takes the character path."""
+    from synapse_nb.tokenizer import merge, spm
+
+    v = tok(name).vocab
+    fast, ref = merge.spm_pairs(v.tokens), spm._pairs_by_characters(v)
+    for a, b in zip(fast[:3], ref[:3]):
+        assert np.array_equal(a, b)
+    assert fast[3] == ref[3]
+    assert merge.spm_pairs(["a", "b\udcff", "ab"]) is None

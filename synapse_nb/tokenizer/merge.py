@@ -363,3 +363,125 @@ class PairTable:
         out_starts = np.empty(n_words + 1, np.int64)
         m = _merge_words(sym, starts, self.keys, self.rank, self.result, np.int64(self.n_ids), out, out_starts)
         return out[:m], out_starts
+
+
+@njit(cache=True, inline="always")
+def _token_at(table, mask, tok_buf, tok_off, buf, x0, x1):
+    """Id of the token whose bytes are buf[x0:x1] in _string_ids' table, or -1."""
+    h = _fnv(buf, x0, x1, np.int64(-3750763034362895579)) & mask
+    while True:
+        t = table[h]
+        if t < 0:
+            return -1
+        t0 = tok_off[t]
+        if tok_off[t + 1] - t0 == x1 - x0 and _bytes_at(tok_buf, t0, buf, x0, x1):
+            return t
+        h = (h + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _code_point(buf, x0, x1):
+    """The code point of the one UTF-8 character buf[x0:x1] (valid UTF-8)."""
+    b = np.int64(buf[x0])
+    if x1 - x0 == 1:
+        return b
+    if x1 - x0 == 2:
+        return ((b & 0x1F) << 6) | (buf[x0 + 1] & 0x3F)
+    if x1 - x0 == 3:
+        return ((b & 0x0F) << 12) | ((buf[x0 + 1] & 0x3F) << 6) | (buf[x0 + 2] & 0x3F)
+    return ((b & 0x07) << 18) | ((buf[x0 + 1] & 0x3F) << 12) | ((buf[x0 + 2] & 0x3F) << 6) | (buf[x0 + 3] & 0x3F)
+
+
+@njit(cache=True)
+def _spm_pairs(tok_buf, tok_off, is_len):
+    """spm_pairs' work (see there): returns (left, right, result, extra code points in id order)."""
+    n_tok = tok_off.shape[0] - 1
+    size = 16
+    while size < 2 * n_tok + 2:
+        size *= 2
+    mask = size - 1
+    table = np.full(size, -1, np.int32)
+    seed = np.int64(-3750763034362895579)
+    for t in range(n_tok):
+        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], seed) & mask
+        while table[h] >= 0:
+            h = (h + 1) & mask
+        table[h] = t
+    # character starts of every token (valid UTF-8: the bytes that are not continuation bytes)
+    starts = np.flatnonzero((tok_buf & 0xC0) != 0x80)
+    cap = 0  # the splits looked up (a bound on the pairs): memory in what is found, not in the text's size
+    c = 0
+    for t in range(n_tok):
+        c0 = c
+        while c < starts.shape[0] and starts[c] < tok_off[t + 1]:
+            c += 1
+        n_t = c - c0
+        if n_t <= 64:
+            cap += max(n_t - 1, 0)
+        else:
+            for k in range(1, n_t):
+                if is_len[k] and is_len[n_t - k]:
+                    cap += 1
+    left = np.empty(cap, np.int32)
+    right = np.empty(cap, np.int32)
+    result = np.empty(cap, np.int32)
+    extra_of = np.full(0x110000, -1, np.int32)
+    extra_cps = np.empty(2 * cap + 1, np.int32)  # at most two new characters a split
+    n_extra = 0
+    m = 0
+    c = 0  # index into starts of token t's first character
+    for t in range(n_tok):
+        b0, b1 = tok_off[t], tok_off[t + 1]
+        c0 = c
+        while c < starts.shape[0] and starts[c] < b1:
+            c += 1
+        n_t = c - c0
+        for k in range(1, n_t):
+            if n_t > 64 and not (is_len[k] and is_len[n_t - k]):
+                continue
+            p = starts[c0 + k]
+            a = _token_at(table, mask, tok_buf, tok_off, tok_buf, b0, p)
+            if a < 0:
+                if k != 1:
+                    continue
+                cp = _code_point(tok_buf, b0, p)
+                if extra_of[cp] < 0:
+                    extra_of[cp] = n_tok + n_extra
+                    extra_cps[n_extra] = cp
+                    n_extra += 1
+                a = extra_of[cp]
+            b = _token_at(table, mask, tok_buf, tok_off, tok_buf, p, b1)
+            if b < 0:
+                if n_t - k != 1:
+                    continue
+                cp = _code_point(tok_buf, p, b1)
+                if extra_of[cp] < 0:
+                    extra_of[cp] = n_tok + n_extra
+                    extra_cps[n_extra] = cp
+                    n_extra += 1
+                b = extra_of[cp]
+            left[m] = a
+            right[m] = b
+            result[m] = t
+            m += 1
+    return left[:m], right[:m], result[:m], extra_cps[:n_extra]
+
+
+def spm_pairs(tokens: list[str]):
+    """Every merge a SentencePiece vocabulary allows, as SPM (tokenizer/spm.py) tabulates them:
+    for each token t (in id order) and each split of it after k characters (k increasing; for
+    a token over 64 characters only where k and len(t) - k are lengths some token has, or 1)
+    into two parts that are each a token or one character, the pair (part ids, t). A character
+    that is not a token gets an extra id, len(tokens) + the order in which it is first seen (a
+    first part before a second). Returns (left, right, result: int32 [m], extra characters in
+    id order: list of str), or None when a token holds an invalid byte (an escape of the GGUF
+    reader: the caller's character-by-character path handles those)."""
+    if _ESCAPED.search("".join(tokens)):
+        return None
+    buf, off = utf8_buffer(tokens)
+    n_chars = max(map(len, tokens), default=0)
+    is_len = np.zeros(n_chars + 2, np.bool_)
+    is_len[np.fromiter(map(len, tokens), np.int64, len(tokens))] = True
+    is_len[1] = True
+    left, right, result, cps = _spm_pairs(buf, off, is_len)
+    return left, right, result, [chr(cp) for cp in cps.tolist()]
