@@ -230,7 +230,8 @@ class HParams:
         if factor is None:
             factor = key.number("{arch}.rope.scale_linear", 0.0)  # the old key name
         f32 = np.float32
-        rope_freq_scale = 1.0 if factor == 0 or rope_scaling_type == "none" else float(f32(1) / f32(factor))
+        with np.errstate(over="ignore", divide="ignore"):  # a tiny factor gives inf, as in llama.cpp's float math
+            rope_freq_scale = 1.0 if factor == 0 or rope_scaling_type == "none" else float(f32(1) / f32(factor))
         yarn_orig_ctx = key.integer(Keys.Rope.SCALING_ORIG_CTX_LEN, 0) or n_ctx_train
 
         # The recipe's own keys (HParams field -> value; the fields' defaults otherwise)
@@ -241,13 +242,14 @@ class HParams:
         yarn_ext_factor = 1.0 if rope_scaling_type == "yarn" else 0.0
         attn_factor = f32(1)
         if yarn_ext_factor != 0:
-            s = f32(1) / f32(rope_freq_scale)
+            with np.errstate(all="ignore"):  # extreme factors give inf / 0, as llama.cpp's float math does
+                s = f32(1) / f32(rope_freq_scale)
 
-            def mscale(m):
-                return f32(1) if s <= 1 else f32(0.1) * f32(m) * np.log(s) + f32(1)
+                def mscale(m):
+                    return f32(1) if s <= 1 else f32(0.1) * f32(m) * np.log(s) + f32(1)
 
-            attn_factor = mscale(1) / mscale(log_mul) if log_mul != 0 else mscale(1)
-            attn_factor = attn_factor * (f32(1) / (f32(1) + f32(0.1) * np.log(s)))
+                attn_factor = mscale(1) / mscale(log_mul) if log_mul != 0 else mscale(1)
+                attn_factor = attn_factor * (f32(1) / (f32(1) + f32(0.1) * np.log(s)))
         attn_factor = attn_factor * f32(key.number(Keys.Rope.SCALING_ATTN_FACTOR, 1.0))
 
         n_vocab = key.integer(Keys.LLM.VOCAB_SIZE, 0)

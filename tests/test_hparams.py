@@ -255,3 +255,19 @@ def test_unexpected_tensor_name_with_control_bytes_is_escaped(tmp_path):
     # a corrupted name ("ro\x01\x02_freqs.weight") went raw into the message
     path = _patch_tensor(tmp_path, tiny("tiny-llama3-f32"), "rope_freqs.weight", 1, b"ro\x01\x02_freqs.weight")
     assert_error(path, "'ro\\x01\\x02_freqs.weight'", "not used by arch llama")
+
+
+@pytest.mark.parametrize("factor", [1e-45, 3e38])
+def test_extreme_rope_scaling_factor_is_not_a_warning(tmp_path, factor):
+    """A downloaded file's rope.scaling.factor of 1e-45 (its reciprocal overflows) or 3e38 gives
+    llama.cpp's float results (inf, 0) without a NumPy warning on stderr (found by fuzz.gguf seed
+    34035, case 9: a warning line before the file's error line)."""
+    import struct
+    import warnings
+
+    src = next(p for p in TINY_GGUFS if p.name.startswith("tiny-mistral3-"))
+    path = _patch_key(tmp_path, src, "mistral3.rope.scaling.factor", 3, struct.pack("<f", factor))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hp = HParams.from_gguf(open_gguf(path))
+    assert hp.rope_freq_scale == (np.inf if factor < 1 else np.float32(1) / np.float32(factor))

@@ -535,3 +535,4 @@ def test_compiled_spm_pairs_equal_the_character_path(name):
         assert np.array_equal(a, b)
     assert fast[3] == ref[3]
     assert merge.spm_pairs(["a", "b\udcff", "ab"]) is None
+    assert merge.spm_pairs(["a", "b\ud800", "ab"]) is None

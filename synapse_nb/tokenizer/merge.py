@@ -393,6 +393,24 @@ def _code_point(buf, x0, x1):
 
 
 @njit(cache=True)
+def _byte_offsets(buf, n_chars):
+    """Byte offsets (int64 [n + 1]) of n strings of n_chars characters each, back to back in the
+    valid UTF-8 buf (utf8_buffer's offsets without its whole-text index arrays)."""
+    off = np.empty(n_chars.shape[0] + 1, np.int64)
+    off[0] = 0
+    i = 0
+    for t in range(n_chars.shape[0]):
+        c = 0
+        while c < n_chars[t]:  # step over one character: its lead byte and continuation bytes
+            i += 1
+            while i < buf.shape[0] and (buf[i] & 0xC0) == 0x80:
+                i += 1
+            c += 1
+        off[t + 1] = i
+    return off
+
+
+@njit(cache=True)
 def _spm_pairs(tok_buf, tok_off, is_len):
     """spm_pairs' work (see there): returns (left, right, result, extra code points in id order)."""
     n_tok = tok_off.shape[0] - 1
@@ -407,15 +425,15 @@ def _spm_pairs(tok_buf, tok_off, is_len):
         while table[h] >= 0:
             h = (h + 1) & mask
         table[h] = t
-    # character starts of every token (valid UTF-8: the bytes that are not continuation bytes)
-    starts = np.flatnonzero((tok_buf & 0xC0) != 0x80)
+    # a token's characters start at its bytes that are not continuation bytes (valid UTF-8)
     cap = 0  # the splits looked up (a bound on the pairs): memory in what is found, not in the text's size
-    c = 0
+    longest = 0
     for t in range(n_tok):
-        c0 = c
-        while c < starts.shape[0] and starts[c] < tok_off[t + 1]:
-            c += 1
-        n_t = c - c0
+        n_t = 0
+        for i in range(tok_off[t], tok_off[t + 1]):
+            if (tok_buf[i] & 0xC0) != 0x80:
+                n_t += 1
+        longest = max(longest, n_t)
         if n_t <= 64:
             cap += max(n_t - 1, 0)
         else:
@@ -429,17 +447,18 @@ def _spm_pairs(tok_buf, tok_off, is_len):
     extra_cps = np.empty(2 * cap + 1, np.int32)  # at most two new characters a split
     n_extra = 0
     m = 0
-    c = 0  # index into starts of token t's first character
+    starts = np.empty(longest + 1, np.int64)  # byte offsets of one token's characters
     for t in range(n_tok):
         b0, b1 = tok_off[t], tok_off[t + 1]
-        c0 = c
-        while c < starts.shape[0] and starts[c] < b1:
-            c += 1
-        n_t = c - c0
+        n_t = 0
+        for i in range(b0, b1):
+            if (tok_buf[i] & 0xC0) != 0x80:
+                starts[n_t] = i
+                n_t += 1
         for k in range(1, n_t):
             if n_t > 64 and not (is_len[k] and is_len[n_t - k]):
                 continue
-            p = starts[c0 + k]
+            p = starts[k]
             a = _token_at(table, mask, tok_buf, tok_off, tok_buf, b0, p)
             if a < 0:
                 if k != 1:
@@ -476,12 +495,16 @@ def spm_pairs(tokens: list[str]):
     first part before a second). Returns (left, right, result: int32 [m], extra characters in
     id order: list of str), or None when a token holds an invalid byte (an escape of the GGUF
     reader: the caller's character-by-character path handles those)."""
-    if _ESCAPED.search("".join(tokens)):
+    joined = "".join(tokens)
+    if _ESCAPED.search(joined):
         return None
-    buf, off = utf8_buffer(tokens)
-    n_chars = max(map(len, tokens), default=0)
-    is_len = np.zeros(n_chars + 2, np.bool_)
-    is_len[np.fromiter(map(len, tokens), np.int64, len(tokens))] = True
+    try:
+        buf = np.frombuffer(joined.encode("utf-8"), np.uint8)
+    except UnicodeEncodeError:  # another lone surrogate: the character path
+        return None
+    lens = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    is_len = np.zeros(int(lens.max(initial=0)) + 2, np.bool_)
+    is_len[lens] = True
     is_len[1] = True
-    left, right, result, cps = _spm_pairs(buf, off, is_len)
+    left, right, result, cps = _spm_pairs(buf, _byte_offsets(buf, lens), is_len)
     return left, right, result, [chr(cp) for cp in cps.tolist()]
