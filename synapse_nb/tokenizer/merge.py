@@ -229,13 +229,10 @@ def _bytes_at(tok_buf, j, buf, i0, i1):
     return True
 
 
-@njit(cache=True)
-def _string_ids(tok_buf, tok_off, buf, off, sep):
-    """Token ids of byte strings, by hashing: for string k = buf[off[k]:off[k+1]]:
-    if sep: split it at the first space after its first byte (llama.cpp word.find(' ', 1))
-    into left and right and look up left, right and left+right; else look up the string.
-    Returns int32 [n, 3] (left, right, joined ids; -1 when not a token; a string without
-    the space gives -2 in every column)."""
+@njit(cache=True, inline="always")
+def _token_table(tok_buf, tok_off):
+    """(table, mask): an open-addressing hash table of the token ids, by FNV-1a of each token's
+    bytes tok_buf[tok_off[t]:tok_off[t + 1]], linear probing; at least twice the tokens' count."""
     n_tok = tok_off.shape[0] - 1
     size = 16
     while size < 2 * n_tok + 2:
@@ -248,6 +245,18 @@ def _string_ids(tok_buf, tok_off, buf, off, sep):
         while table[h] >= 0:
             h = (h + 1) & mask
         table[h] = t
+    return table, mask
+
+
+@njit(cache=True)
+def _string_ids(tok_buf, tok_off, buf, off, sep):
+    """Token ids of byte strings, by hashing: for string k = buf[off[k]:off[k+1]]:
+    if sep: split it at the first space after its first byte (llama.cpp word.find(' ', 1))
+    into left and right and look up left, right and left+right; else look up the string.
+    Returns int32 [n, 3] (left, right, joined ids; -1 when not a token; a string without
+    the space gives -2 in every column)."""
+    table, mask = _token_table(tok_buf, tok_off)
+    seed = np.int64(-3750763034362895579)  # FNV offset basis as int64
     n = off.shape[0] - 1
     res = np.full((n, 3), -1, np.int32)
     for k in range(n):
@@ -392,6 +401,22 @@ def _code_point(buf, x0, x1):
     return ((b & 0x07) << 18) | ((buf[x0 + 1] & 0x3F) << 12) | ((buf[x0 + 2] & 0x3F) << 6) | (buf[x0 + 3] & 0x3F)
 
 
+@njit(cache=True, inline="always")
+def _part(table, mask, tok_buf, tok_off, x0, x1, single, extra_of, extra_cps, n_extra):
+    """Id of the part tok_buf[x0:x1] of a piece: a token's id; else, when it is one character
+    (single), that character's extra id (made on first sight, after the n_tok token ids: n_extra[0]
+    made so far, their code points in extra_cps); else -1."""
+    i = _token_at(table, mask, tok_buf, tok_off, tok_buf, x0, x1)
+    if i >= 0 or not single:
+        return i
+    cp = _code_point(tok_buf, x0, x1)
+    if extra_of[cp] < 0:
+        extra_of[cp] = tok_off.shape[0] - 1 + n_extra[0]
+        extra_cps[n_extra[0]] = cp
+        n_extra[0] += 1
+    return extra_of[cp]
+
+
 @njit(cache=True)
 def _byte_offsets(buf, n_chars):
     """Byte offsets (int64 [n + 1]) of n strings of n_chars characters each, back to back in the
@@ -414,17 +439,7 @@ def _byte_offsets(buf, n_chars):
 def _spm_pairs(tok_buf, tok_off, is_len):
     """spm_pairs' work (see there): returns (left, right, result, extra code points in id order)."""
     n_tok = tok_off.shape[0] - 1
-    size = 16
-    while size < 2 * n_tok + 2:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, np.int32)
-    seed = np.int64(-3750763034362895579)
-    for t in range(n_tok):
-        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], seed) & mask
-        while table[h] >= 0:
-            h = (h + 1) & mask
-        table[h] = t
+    table, mask = _token_table(tok_buf, tok_off)
     # a token's characters start at its bytes that are not continuation bytes (valid UTF-8)
     cap = 0  # the splits looked up (a bound on the pairs): memory in what is found, not in the text's size
     longest = 0
@@ -445,7 +460,7 @@ def _spm_pairs(tok_buf, tok_off, is_len):
     result = np.empty(cap, np.int32)
     extra_of = np.full(0x110000, -1, np.int32)
     extra_cps = np.empty(2 * cap + 1, np.int32)  # at most two new characters a split
-    n_extra = 0
+    n_extra = np.zeros(1, np.int64)  # extra ids made so far
     m = 0
     starts = np.empty(longest + 1, np.int64)  # byte offsets of one token's characters
     for t in range(n_tok):
@@ -459,31 +474,17 @@ def _spm_pairs(tok_buf, tok_off, is_len):
             if n_t > 64 and not (is_len[k] and is_len[n_t - k]):
                 continue
             p = starts[k]
-            a = _token_at(table, mask, tok_buf, tok_off, tok_buf, b0, p)
+            a = _part(table, mask, tok_buf, tok_off, b0, p, k == 1, extra_of, extra_cps, n_extra)
             if a < 0:
-                if k != 1:
-                    continue
-                cp = _code_point(tok_buf, b0, p)
-                if extra_of[cp] < 0:
-                    extra_of[cp] = n_tok + n_extra
-                    extra_cps[n_extra] = cp
-                    n_extra += 1
-                a = extra_of[cp]
-            b = _token_at(table, mask, tok_buf, tok_off, tok_buf, p, b1)
+                continue
+            b = _part(table, mask, tok_buf, tok_off, p, b1, n_t - k == 1, extra_of, extra_cps, n_extra)
             if b < 0:
-                if n_t - k != 1:
-                    continue
-                cp = _code_point(tok_buf, p, b1)
-                if extra_of[cp] < 0:
-                    extra_of[cp] = n_tok + n_extra
-                    extra_cps[n_extra] = cp
-                    n_extra += 1
-                b = extra_of[cp]
+                continue
             left[m] = a
             right[m] = b
             result[m] = t
             m += 1
-    return left[:m], right[:m], result[:m], extra_cps[:n_extra]
+    return left[:m], right[:m], result[:m], extra_cps[:n_extra[0]]
 
 
 def spm_pairs(tokens: list[str]):
