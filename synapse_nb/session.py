@@ -144,7 +144,8 @@ class Session:
                                f"use a smaller context (-c/--ctx-size)") from None
         self.state = ForwardState(hp, self.n_batch, self.n_ctx)
         self._window = WindowRelease(hp, 1, swa_full)
-        self._tokens: list[int] = []  # the cached positions' tokens (to evaluate again what a window gave back)
+        # the cached positions' tokens, to evaluate again what a window gave back (kept only when one can)
+        self._tokens: list[int] = []
         self._n_past = 0
 
     def check_prompt(self, n_tokens: int) -> None:
@@ -227,7 +228,8 @@ class Session:
             logits = self.model.forward(self.state, self.cache, batch, self._n_past, all_logits=all_logits,
                                         want_logits=want)
             self._n_past += len(batch)
-            self._tokens.extend(batch.tolist())
+            if self._window.layers:
+                self._tokens.extend(batch.tolist())
             self._window.after_write(self.cache.k, self.cache.v, 0, self._n_past)
             if all_logits:
                 out[b0:b0 + len(batch)] = logits

@@ -118,7 +118,8 @@ class WindowRelease:
     @staticmethod
     def held_positions(hp: HParams, n_ctx: int, n_batch: int, swa_full: bool = False) -> int:
         """Most positions a sliding-window layer holds at once: its window, a batch, the tile the
-        release rounds to and V's page (a bound, for the memory check)."""
+        release rounds to and V's page (a bound; check_n_ctx does not use it and still counts every
+        position of every layer)."""
         if swa_full or hp.n_swa <= 0:
             return n_ctx
         page_tiles = max(1, mmap.PAGESIZE // (2 * hp.head_dim_v))

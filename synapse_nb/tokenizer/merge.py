@@ -29,6 +29,7 @@ from numba import njit
 from ..gguf_file import StringArray
 
 _EMPTY = -1
+_FNV_BASIS = -3750763034362895579  # FNV-1a's 64-bit offset basis as an int64: the seed of every string hash
 _ESCAPED = re.compile("[\udc80-\udcff]")  # invalid bytes kept by the GGUF reader
 
 
@@ -239,9 +240,8 @@ def _token_table(tok_buf, tok_off):
         size *= 2
     mask = size - 1
     table = np.full(size, -1, np.int32)
-    seed = np.int64(-3750763034362895579)  # FNV offset basis as int64
     for t in range(n_tok):
-        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], seed) & mask
+        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], np.int64(_FNV_BASIS)) & mask
         while table[h] >= 0:
             h = (h + 1) & mask
         table[h] = t
@@ -256,7 +256,7 @@ def _string_ids(tok_buf, tok_off, buf, off, sep):
     Returns int32 [n, 3] (left, right, joined ids; -1 when not a token; a string without
     the space gives -2 in every column)."""
     table, mask = _token_table(tok_buf, tok_off)
-    seed = np.int64(-3750763034362895579)  # FNV offset basis as int64
+    seed = np.int64(_FNV_BASIS)
     n = off.shape[0] - 1
     res = np.full((n, 3), -1, np.int32)
     for k in range(n):
@@ -377,7 +377,7 @@ class PairTable:
 @njit(cache=True, inline="always")
 def _token_at(table, mask, tok_buf, tok_off, buf, x0, x1):
     """Id of the token whose bytes are buf[x0:x1] in _string_ids' table, or -1."""
-    h = _fnv(buf, x0, x1, np.int64(-3750763034362895579)) & mask
+    h = _fnv(buf, x0, x1, np.int64(_FNV_BASIS)) & mask
     while True:
         t = table[h]
         if t < 0:
