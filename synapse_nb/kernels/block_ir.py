@@ -12,8 +12,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import (flat_args, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32, ir_lanes_offset, ir_load,
-                   ir_prefetch_rows_ahead, ir_reduce_add_16, ir_splat)
+from . import simd
+from .simd import (flat_args, ir_add_const, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32, ir_lanes_offset,
+                   ir_load, ir_prefetch_rows_ahead, ir_reduce_add_16, ir_splat, ir_vpdpbusd)
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
@@ -56,7 +57,8 @@ def make_block_lanes_fma(decode, offset):
     return block_lanes_fma
 
 
-def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True):
+def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True,
+                    many_rows=False):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
@@ -70,7 +72,12 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
     ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8> of unsigned
     codes u, the weights being u - offset (ir_lanes_offset); block_bytes: the format's block size.
     ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
-    re-reads each block for many rows)."""
+    re-reads each block for many rows). ``many_rows`` (a matmul: the same weight blocks against
+    many activation rows, rows_dot8): with AVX512-VNNI and an offset, the lanes are formed as
+    sum (a + 128) * w - 128 * sum w (a + 128: the activation byte read unsigned, a ^ 0x80; w =
+    u - offset, signed), the weight-only 128 * sum w computed once per block for all the rows,
+    where the matvec form subtracts offset * sum a per activation row (ir_lanes_offset): the
+    same exact int32 lanes, one vpdpbusd and two vector ops fewer per activation row."""
     v8f, v16f = ir.VectorType(_F32, 8), ir.VectorType(_F32, 16)
     i16, i32 = ir.IntType(16), _I32
 
@@ -117,9 +124,19 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
             # alone is spread, so that a kernel running many activation rows on the same weight
             # blocks (rows_dot8) spreads it once (each lane the product F16(dw) * F16(da), as before)
             af16 = builder.shuffle_vector(af, af, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+            weight_bias = many_rows and offset and simd.HAS_VNNI512
+            if weight_bias:
+                a64u = builder.xor(a64, ir.Constant(a64.type, [0x80] * 64))
+                zero = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
+                c128 = ir.Constant(ir.VectorType(_I8, 64), [0x80] * 64)
             for pair, accp in ((0, p01), (1, p23)):
                 w8 = decode2(builder, wp[2 * pair], wp[2 * pair + 1])
-                lanes = ir_lanes_offset(builder, w8, a64, offset)
+                if weight_bias:
+                    ws8 = ir_add_const(builder, w8, -offset)
+                    init = builder.sub(zero, ir_vpdpbusd(builder, zero, c128, ws8))
+                    lanes = ir_vpdpbusd(builder, init, a64u, ws8)
+                else:
+                    lanes = ir_lanes_offset(builder, w8, a64, offset)
                 i0, i1 = pick[2 * pair], pick[2 * pair + 1]
                 wv16 = builder.shuffle_vector(wf, wf, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
                 dv = builder.fmul(wv16, af16)

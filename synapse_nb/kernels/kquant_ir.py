@@ -2,7 +2,7 @@
 
 Per super-block of 256 values, ggml's x86 K-quant dots reduce each 32-value chunk to eight exact
 int32 lanes (scale * the 4-value sums of weight * Q8_K activation) and accumulate them per lane
-with one fma. The pieces here do that on unpacked weights (dot32_scaled_add, dot64_scaled_add,
+with one fma. The pieces here do that on unpacked weights (dot32_scaled_add, dot64_madd_add,
 dot64_diff_scaled_add, fold16_add, lanes_fma8, bsums_madd8, pairs_fma4, isum8, iq4_lookup32: the
 single-row vec_dot and the multi-row rows_dot), and make_superblock4_dot builds, from a format's
 IR readers of its values and scales, the four-row super-block step of vec_dot4.
@@ -54,10 +54,13 @@ def dot32_scaled_add(context, builder, sig, args):
 _V16I = ir.VectorType(_I32, 16)
 
 
-@ir_intrinsic(lambda p16, qb, qo, ya, yo, sv, so: types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp)
-              if flat_args(p16, qb, ya, sv) else None)
-def dot64_scaled_add(context, builder, sig, args):
-    """p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
+def _dot64_typer(p16, qb, qo, ya, yo, sv, so):
+    return types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp) if flat_args(p16, qb, ya, sv) else None
+
+
+def _emit_dot64_scaled_add(context, builder, sig, args):
+    """dot64_madd_add's portable form (vpdpbusd.512 with AVX512-VNNI, else widening IR):
+    p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
     32-value chunks at once (lanes 0..7 the first chunk's, 8..15 the second's; one vpdpbusd.512).
     With sv[so+j] the scale of lane j % 8 of chunk j // 8, fold16_add(p, p16) then gives p exactly
     the int32 lanes of dot32_scaled_add on the two chunks (wrapping int32 sums: any order).
@@ -73,11 +76,41 @@ def dot64_scaled_add(context, builder, sig, args):
     builder.store(builder.add(builder.load(p_ptr, align=4), builder.mul(lanes, scale)), p_ptr, align=4)
 
 
+
+@ir_intrinsic(_dot64_typer)
+def dot64_madd_add(context, builder, sig, args):
+    """p16 += the int32 lanes of _emit_dot64_scaled_add (the same exact values) for stored values qb < 128 and
+    scales that fit int16 (every K-quant's but Q3_K / IQ4_XS, whose dots are differences): with
+    AVX512-VNNI, vpmaddubsw (word w: qb[2w] * a[2w] + qb[2w+1] * a[2w+1] in int16, never
+    saturated: |.| <= 2 * 127 * 128) then vpdpwssd of the words with their lane's scale (both
+    words of int32 lane j scaled by sv[so+j]), added to p16 in the same op: two instructions
+    where vpdpbusd, vpmulld and vpaddd take three (ggml's AVX2 maddubs + madd(scales), fused).
+    Without VNNI-512, _emit_dot64_scaled_add's code."""
+    if not simd.HAS_VNNI512:
+        return _emit_dot64_scaled_add(context, builder, sig, args)
+    p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
+    p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
+    i16 = ir.IntType(16)
+    q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)
+    y8 = ir_load(builder, builder.gep(ir_data(context, builder, ya_t, ya_v), [yo_v]), 64)
+    maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
+    dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
+                                            "llvm.x86.avx512.vpdpwssd.512")
+    sv_ptr = builder.gep(ir_data(context, builder, sv_t, sv_v, _I32), [so_v])
+    scale = builder.trunc(builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4), ir.VectorType(i16, 16))
+    words = ir_shuffle(builder, scale, None, [j // 2 for j in range(32)])
+    p_ptr = builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
+    t = builder.call(maddubs, [q8, y8])
+    builder.store(builder.call(dpwssd, [builder.load(p_ptr, align=4), builder.bitcast(t, _V16I),
+                                        builder.bitcast(words, _V16I)]), p_ptr, align=4)
+
+
 @ir_intrinsic(lambda p16, qb, qo, qh, ho, ya, yo, sv, so: types.void(
     p16, qb, types.intp, qh, types.intp, ya, types.intp, sv, types.intp) if flat_args(p16, qb, qh, ya, sv) else None)
 def dot64_diff_scaled_add(context, builder, sig, args):
     """p16[j] += sv[so+j] * (lanes(qb[qo:]) - lanes(qh[ho:]))[j], j = 0..15, with lanes(q) the 4-value
-    sums of q * int8(ya[yo:yo+64]) (as dot64_scaled_add): for weights stored as a difference of two
+    sums of q * int8(ya[yo:yo+64]) (as dot64_madd_add): for weights stored as a difference of two
     unsigned parts (Q3_K's low bits and "minus 4", IQ4_XS's kvalues + 128 and 128), the int32 lanes
     of dot32_scaled_add(qb, s) then dot32_scaled_add(qh, -s) on each chunk, in one multiply."""
     p_t, qb_t, _, qh_t, _, ya_t, _, sv_t, _ = sig.args
@@ -93,7 +126,7 @@ def dot64_diff_scaled_add(context, builder, sig, args):
 
 @ir_intrinsic(lambda p, p16: types.void(p, p16) if flat_args(p, p16) else None)
 def fold16_add(context, builder, sig, args):
-    """p[k] += p16[k] + p16[8+k], k = 0..7 (int32, wrapping): dot64_scaled_add's two chunk halves
+    """p[k] += p16[k] + p16[8+k], k = 0..7 (int32, wrapping): dot64_madd_add's two chunk halves
     into the 8 lanes."""
     (p_t, p16_t), (p_v, p16_v) = sig.args, args
     v = builder.load(builder.bitcast(ir_data(context, builder, p16_t, p16_v, _I32), _V16I.as_pointer()), align=4)
@@ -128,14 +161,21 @@ def bsums_madd8(context, builder, sig, args):
     (p_t, c_t, a_t, _), (p_v, c_v, a_v, off_v) = sig.args, args
     v16i = ir.VectorType(_I32, 16)
     bs_ptr = builder.gep(ir_data(context, builder, a_t, a_v), [off_v])
-    bs = builder.sext(ir_load(builder, bs_ptr, 16, ir.IntType(16)), v16i)
     coef = builder.load(builder.bitcast(ir_data(context, builder, c_t, c_v, _I32), v16i.as_pointer()), align=4)
+    p_ptr = builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer())
+    if simd.HAS_AVX2:  # vpmaddwd: the coefficients (mins, -32 * scales) fit int16, as in ggml
+        i16x16 = ir.VectorType(ir.IntType(16), 16)
+        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8I, [i16x16] * 2),
+                                              "llvm.x86.avx2.pmadd.wd")
+        builder.store(builder.call(madd, [ir_load(builder, bs_ptr, 16, ir.IntType(16)), builder.trunc(coef, i16x16)]),
+                      p_ptr, align=4)
+        return
+    bs = builder.sext(ir_load(builder, bs_ptr, 16, ir.IntType(16)), v16i)
     prod = builder.mul(bs, coef)
     undef = ir.Constant(v16i, ir.Undefined)
     even = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(0, 16, 2))))
     odd = builder.shuffle_vector(prod, undef, ir.Constant(_V8I, list(range(1, 16, 2))))
-    builder.store(builder.add(even, odd), builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V8I.as_pointer()),
-                  align=4)
+    builder.store(builder.add(even, odd), p_ptr, align=4)
 
 
 @ir_intrinsic(lambda acc, d, p: types.void(acc, types.float32, p) if flat_args(acc, p) else None)

@@ -59,7 +59,7 @@ from numba import carray
 
 from ..formats import format_of
 from .decorator import kernel
-from .kquant_ir import (bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_scaled_add,  # noqa: F401
+from .kquant_ir import (bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_madd_add,  # noqa: F401
                         fold16_add, iq4_lookup32, isum8, lanes_fma8, make_superblock4_dot, pairs_fma4, zero16)
 from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, f16_le, f32_bits, fma32, hsum_float_8, u32_as_f32  # noqa: F401
 from .simd import (ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane, acc16_zero,  # noqa: F401
@@ -321,8 +321,8 @@ def dequantize_row_iq4_xs(out, w_row):
 # ---------------------------------------------------------------------------------------
 # Multi-row dots (rows_dot_T_q8_K, generated at the end of this file): the per-row pieces
 # ---------------------------------------------------------------------------------------
-# Per row and super-block, vec_dot's eight dot32_scaled_add calls become four dot64_scaled_add
-# (two 32-value chunks per vpdpbusd.512 / vpmulld on one zmm) and a fold of the two halves: the
+# Per row and super-block, vec_dot's eight dot32_scaled_add calls become four dot64_madd_add
+# (two 32-value chunks per vpmaddubsw + vpdpwssd on one zmm) and a fold of the two halves: the
 # same exact int32 lanes.  The per-lane scale vectors (sv) are weight-only, built once per block.
 
 
@@ -353,7 +353,7 @@ def _lanes_add(p, p16, qb, a, yo, sv):
     sums of qb[32c:] * the Q8_K values at a[yo + 4 + 32c:] (vec_dot's dot32_scaled_add loop)."""
     zero16(p16)
     for c in range(0, 8, 2):
-        dot64_scaled_add(p16, qb, 32 * c, a, yo + 4 + 32 * c, sv, 8 * c)
+        dot64_madd_add(p16, qb, 32 * c, a, yo + 4 + 32 * c, sv, 8 * c)
     fold16_add(p, p16)
 
 

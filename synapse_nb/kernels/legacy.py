@@ -182,7 +182,7 @@ for _stem, _, _bb, _, _ao, _off, _with_min, _ in _BLOCK_FORMATS:
     globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], _off)
     globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb)
     globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb,
-                                                   prefetch=False)
+                                                   prefetch=False, many_rows=True)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(_signed(globals()[f"_decode_{_stem}"], _off), with_min=_with_min)
 
 

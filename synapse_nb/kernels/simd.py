@@ -34,6 +34,7 @@ HAS_F16C = bool(HOST_FEATURES.get("f16c"))
 HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
 HAS_PSHUFB = bool(HOST_FEATURES.get("ssse3"))
 HAS_VNNI512 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512bw"))
+HAS_AVX2 = bool(HOST_FEATURES.get("avx2"))
 
 
 # F16C turns ``fpext half`` into vcvtph2ps; without it LLVM would call a compiler-rt helper that
