@@ -9,7 +9,9 @@ llama-completion), built by ../shared/tools/build-llama-cpp.sh into
 ${XDG_CACHE_HOME:-~/.cache}/synapse_nb/llama.cpp/src/build/bin (or --llama-bin / $LLAMA_CPP_BIN),
 in two settings:
   default       what a llama.cpp user gets: weight repacking on, flash attention auto, its batch sizes;
-  like-for-like as synapse_nb runs: --repack 0, -fa off, -b 64 -ub 64 (the fixtures' settings).
+  like-for-like as synapse_nb runs: --repack 0, -fa off, -b 64 -ub 64 (the fixtures' settings),
+                beside ours at -b 64 (its prefill rows; ours runs -b 512 by default, as llama.cpp's
+                n_ubatch: the "synapse_nb" column).
 Figures (each the median over --runs repetitions; every ratio is ours / llama.cpp, higher is
 better for tok/s, lower for seconds and MiB; short and long run ours and llama.cpp's two
 settings in interleaved rounds, one repetition each, so that drift falls on all three):
@@ -49,10 +51,11 @@ import tempfile
 import time
 from pathlib import Path
 from synapse_nb.compilation.warmup import warmup as session_warmup
-from synapse_nb.session import Session
+from synapse_nb.session import DEFAULT_N_BATCH, Session
 
 ROOT = Path(__file__).resolve().parents[1]
-LIKE_FOR_LIKE = ["--repack", "0", "-fa", "off", "-b", "64", "-ub", "64"]
+LFL_BATCH = 64
+LIKE_FOR_LIKE = ["--repack", "0", "-fa", "off", "-b", str(LFL_BATCH), "-ub", str(LFL_BATCH)]
 
 
 def _llama_bin(arg: str | None) -> Path | None:
@@ -90,9 +93,10 @@ def _timed_decode(s, tok: int, n_gen: int) -> float:
     return n_gen / (time.perf_counter() - t0)
 
 
-def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth: int, reps: int) -> dict:
+def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth: int, reps: int,
+          n_batch: int) -> dict:
     """In-process timing as llama-bench does it: a warm-up, then `reps` repetitions, each from an empty
-    cache; pp = prefill of n_prompt tokens in 64-token batches, tg = n_gen single-token decodes after
+    cache; pp = prefill of n_prompt tokens in n_batch-token batches, tg = n_gen single-token decodes after
     a depth-token prefill (untimed). Token ids are fixed pseudo-random ids, as llama-bench's."""
     import numpy as np
 
@@ -103,7 +107,7 @@ def child(model: str, threads: int, test: str, n_prompt: int, n_gen: int, depth:
     rng = np.random.default_rng(0)
     n_vocab = m.hparams.n_vocab
     n_ctx = max(16, depth + n_prompt + n_gen)
-    s = Session(m, n_ctx=n_ctx, n_threads=threads)
+    s = Session(m, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch)
     samples = []
     for r in range(reps + 1):  # the first is the warm-up
         s.reset()
@@ -194,10 +198,11 @@ def child_parallel(model: str, threads: int, n_seq: int, n_prompt: int, n_gen: i
     return {"pp": statistics.median(pp[1:]), "tg": statistics.median(tg[1:])}
 
 
-def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3) -> tuple[float, float]:
+def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3,
+         n_batch=DEFAULT_N_BATCH) -> tuple[float, float]:
     """(median tok/s, peak RSS MiB) of one child test."""
     _, rss, res = _run([sys.executable, __file__, "--child", model, str(threads), test, str(n_prompt), str(n_gen),
-                        str(depth), str(reps)])
+                        str(depth), str(reps), str(n_batch)])
     return json.loads(res.stdout.decode().strip().splitlines()[-1])["tps"], rss
 
 
@@ -220,17 +225,22 @@ def llama_bench(bin_dir: Path, model, threads, extra, n_prompt=0, n_gen=0, depth
 # ------------------------------------------------------------------ report
 
 def _table(title, rows):
+    """rows: (figure, ours, llama.cpp default, llama.cpp like-for-like[, ours at -b 64]); without the
+    fifth (not a prefill), ours is compared with both settings."""
     print(f"\n{title}")
-    print("| figure | synapse_nb | llama.cpp default | ratio | llama.cpp like-for-like | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, v, d, l in rows:
+    print(f"| figure | synapse_nb | llama.cpp default | ratio | synapse_nb -b {LFL_BATCH} | llama.cpp like-for-like "
+          "| ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, v, d, l, *v64 in rows:
+        w = v64[0] if v64 else v
+
         def cell(x):
             return "-" if x is None else f"{x:.2f}"
 
-        def ratio(x):
-            return "-" if (x is None or v is None or x == 0) else f"{v / x:.2f}"
+        def ratio(a, b):
+            return "-" if (a is None or b is None or b == 0) else f"{a / b:.2f}"
 
-        print(f"| {name} | {cell(v)} | {cell(d)} | {ratio(d)} | {cell(l)} | {ratio(l)} |")
+        print(f"| {name} | {cell(v)} | {cell(d)} | {ratio(v, d)} | {cell(w)} | {cell(l)} | {ratio(w, l)} |")
     sys.stdout.flush()
 
 
@@ -245,14 +255,18 @@ def bench_model(model: str, runs: int, threads: int, bin_dir: Path | None, only:
         # Interleaved: each round runs llama.cpp default, like-for-like and ours once (each its own
         # process, its own warm-up), so that a shared machine's drift (its memory bandwidth moved
         # 2x between minutes) falls on the three alike; the medians are over the rounds.
-        d, l, v = [], [], []
+        # A prefill also runs ours at -b 64 (beside like-for-like); a decode does not batch.
+        d, l, v, v64 = [], [], [], []
+        test = "pp" if n_prompt else "tg"
         for _ in range(runs):
             if bin_dir:
                 d.append(llama_bench(bin_dir, path, threads, [], n_prompt, n_gen, depth, 1)[0])
                 l.append(llama_bench(bin_dir, path, threads, LIKE_FOR_LIKE, n_prompt, n_gen, depth, 1)[0])
-            v.append(ours(path, threads, "pp" if n_prompt else "tg", n_prompt, n_gen, depth, 1)[0])
+            v.append(ours(path, threads, test, n_prompt, n_gen, depth, 1)[0])
+            if test == "pp":
+                v64.append(ours(path, threads, test, n_prompt, n_gen, depth, 1, LFL_BATCH)[0])
         med = statistics.median
-        return med(v), med(d) if d else None, med(l) if l else None
+        return (med(v), med(d) if d else None, med(l) if l else None) + ((med(v64),) if v64 else ())
 
     if "short" in only:
         rows = [(f"prefill {n} tok (tok/s)", *both(n_prompt=n)) for n in (128, 512)]
@@ -380,8 +394,9 @@ def main() -> None:
         print(json.dumps(child_parallel(model, int(threads), int(n_seq), int(n_prompt), int(n_gen), int(reps))))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        model, threads, test, n_prompt, n_gen, depth, reps = sys.argv[2:9]
-        print(json.dumps(child(model, int(threads), test, int(n_prompt), int(n_gen), int(depth), int(reps))))
+        model, threads, test, n_prompt, n_gen, depth, reps, n_batch = sys.argv[2:10]
+        print(json.dumps(child(model, int(threads), test, int(n_prompt), int(n_gen), int(depth), int(reps),
+                               int(n_batch))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")

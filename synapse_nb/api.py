@@ -36,7 +36,7 @@ import uuid
 import numpy as np
 
 from .errors import SynapseError
-from .options import FIELDS
+from .options import DEFAULT_N_BATCH, FIELDS
 
 # Request field (OpenAI / llama-server names) -> Sampler parameter
 REQUEST_SAMPLING = FIELDS  # a request's sampling fields -> Sampler keywords, from the one table (synapse_nb.options)
@@ -194,7 +194,8 @@ class Llama:
     now. Raises SynapseError for a bad model or option.
     """
 
-    def __init__(self, model_path, *, n_ctx: int | None = None, n_threads: int | None = None, n_batch: int = 64,
+    def __init__(self, model_path, *, n_ctx: int | None = None, n_threads: int | None = None,
+                 n_batch: int = DEFAULT_N_BATCH,
                  n_parallel: int = 1, seed: int = -1, n_predict: int = -1, sampling: dict | None = None,
                  chat_template: str | None = None, chat_template_origin: str | None = None, jinja: bool = True,
                  max_queue: int | None = None, warmup: bool = True, verbose: bool = False, model=None,

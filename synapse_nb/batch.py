@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from .errors import SynapseError, one_line as _one_line
-from .options import KEYS as SAMPLING_KEYS  # the sampling keys a line may carry: the Sampler's keywords
+from .options import DEFAULT_N_BATCH, KEYS as SAMPLING_KEYS  # the sampling keys a line may carry: the Sampler's keywords
 INPUT_KEYS = ("id", "prompt", "tokens", "n_predict") + SAMPLING_KEYS + ("grammar", "json_schema")
 DECODER_OPTIONS = ("n_predict", "n_ctx", "n_batch", "ignore_eos", "add_special", "parse_special", "sampling",
                    "grammar")
@@ -194,7 +194,7 @@ class Decoder:
     unconstrained). Loads and warms up the kernels on construction; raises SynapseError for a bad model/option.
     """
 
-    def __init__(self, model, *, n_predict: int = 128, n_ctx: int | None = None, n_batch: int = 64,
+    def __init__(self, model, *, n_predict: int = 128, n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH,
                  n_threads: int | None = None, ignore_eos: bool = False, add_special: bool = True,
                  parse_special: bool = True, sampling: dict | None = None, grammar: str | None = None):
         # Imported here, not at the top: a worker process sets NUMBA_NUM_THREADS before Numba loads.

@@ -18,6 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Tokens per forward of a prefill: llama.cpp's default n_ubatch (its physical batch). Results do not
+# depend on it (each row's operations are those of a single token); larger batches spread each
+# forward's fixed costs (a parallel region per kernel and layer, the attention's per-item setup) over
+# more tokens: Gemma 3 270M prefill of 512 tokens +9 %, SmolLM2 +11 %, Qwen2.5 0.5B +5 % against 64
+# (medians of interleaved rounds, 2 threads).
+DEFAULT_N_BATCH = 512
+
 I32_MIN, I32_MAX = -2**31, 2**31 - 1  # llama.cpp's int32_t parameters: the kernels' range
 U32_MAX = 2**32 - 1
 
@@ -96,7 +103,8 @@ RUN = (
           "Tokens to generate; -1: until end of generation or a full context.", -1, I32_MAX, " (-1: no limit)"),
     Param("n_ctx", ("-c", "--ctx-size"), None, "int", None,
           "Context size n_ctx in tokens, 0 = the model's n_ctx_train [default: min(n_ctx_train, 4096)].", 0, I32_MAX),
-    Param("n_batch", ("-b", "--batch-size"), None, "int", 64, "Prefill batch size.", 1, I32_MAX),
+    Param("n_batch", ("-b", "--batch-size"), None, "int", DEFAULT_N_BATCH, "Prefill batch size: tokens per forward.", 1,
+          I32_MAX),
     Param("n_threads", ("-t", "--threads"), None, "int", None, "Threads, <= 0 = all cores [default: all cores].",
           I32_MIN, I32_MAX),
     Param("chunks", ("--chunks",), None, "int", None, "Perplexity: at most N chunks [default: all].", I32_MIN, I32_MAX),

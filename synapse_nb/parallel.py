@@ -78,7 +78,7 @@ class Sequence:
 class ParallelSession:
     """Up to n_seq sequences, each with its own KV cache slot of n_ctx positions, decoded together.
 
-    Build with ParallelSession(model, n_seq=4, n_ctx=None, n_threads=None, n_batch=64).
+    Build with ParallelSession(model, n_seq=4, n_ctx=None, n_threads=None, n_batch=512).
     n_ctx: positions per sequence (default min(n_ctx_train, 4096); 0: n_ctx_train); n_batch: rows
     a step runs at most (raised to n_seq, so that every generating sequence moves each step);
     n_threads: Numba threads (results do not depend on it). KV memory is committed as positions

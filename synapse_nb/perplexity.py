@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import SynapseError
+from .options import DEFAULT_N_BATCH
 
 __all__ = ["perplexity", "PerplexityResult", "kl_divergence", "KLDResult", "KLDAccumulator", "read_kld",
            "KLDBase", "kld_file_size", "DEFAULT_N_CTX"]
@@ -236,7 +237,7 @@ class _NewFile:
         self._file.abort()
 
 
-def perplexity(model, tokens, n_ctx: int = DEFAULT_N_CTX, n_batch: int = 64, n_threads: int | None = None,
+def perplexity(model, tokens, n_ctx: int = DEFAULT_N_CTX, n_batch: int = DEFAULT_N_BATCH, n_threads: int | None = None,
                progress=None, chunks: int | None = None, kld_base=None) -> PerplexityResult:
     """llama-perplexity's default run (tools/perplexity/perplexity.cpp ``perplexity``).
 
@@ -631,7 +632,7 @@ def check_kld_base(model, kb: KLDBase, tokens=None) -> np.ndarray:
     return ftoks
 
 
-def kl_divergence(model, base, n_batch: int = 64, n_threads: int | None = None, progress=None,
+def kl_divergence(model, base, n_batch: int = DEFAULT_N_BATCH, n_threads: int | None = None, progress=None,
                   tokens=None, chunks: int | None = None) -> KLDResult:
     """llama-perplexity --kl-divergence against a base file (perplexity.cpp ``kl_divergence``).
 

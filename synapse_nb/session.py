@@ -1,7 +1,7 @@
 """Session: one sequence's batched prefill and decode, and the checks of a session's arguments.
 
-A Session evaluates tokens through Model.forward in batches of n_batch (64, as llama.cpp's
-n_batch = n_ubatch of the reference runs), appending each token's K/V to its cache. Every
+A Session evaluates tokens through Model.forward in batches of n_batch (options.DEFAULT_N_BATCH,
+512: llama.cpp's n_ubatch), appending each token's K/V to its cache. Every
 kernel computes a row exactly as for a single token, so a batched prefill gives the same
 logits and cache bits as token-by-token decoding (synapse_nb.checks.prefill_check proves it on
 a prompt). Its state (KVCache, ForwardState) is synapse_nb.state's; the kernels' warm-up is
@@ -20,13 +20,13 @@ from .decode_threads import DecodeThreads
 from .errors import SynapseError
 from .hparams import HParams
 from .model import Model
+from .options import DEFAULT_N_BATCH
 from .state import ForwardState, KVCache, WindowRelease
 
 __all__ = ["Session", "KVCache", "ForwardState", "DEFAULT_N_BATCH", "DEFAULT_N_CTX_MAX", "default_n_ctx",
            "resolve_n_ctx", "usable_threads", "check_token_ids", "check_n_ctx", "check_session_args"]
 
 DEFAULT_N_CTX_MAX = 4096  # default n_ctx = min(n_ctx_train, 4096)
-DEFAULT_N_BATCH = 64  # llama.cpp's n_batch = n_ubatch of the reference runs
 
 
 # How long an idle OpenMP worker spins before it sleeps. libgomp's default (300,000 spins) makes a
@@ -118,7 +118,7 @@ def check_session_args(hp: HParams, n_ctx, n_threads, n_batch, n_seq: int = 1, w
 class Session:
     """One sequence being decoded: KV cache of n_ctx positions, n_past of them filled.
 
-    Build with Session(model, n_ctx=None, n_threads=None, n_batch=64).
+    Build with Session(model, n_ctx=None, n_threads=None, n_batch=512).
     n_ctx: cache positions (default min(n_ctx_train, 4096); 0: n_ctx_train); n_threads: Numba threads used by
     eval (default: Numba's current setting; results do not depend on it; with n_threads > 1 a
     one-token eval may take 1 while that is faster, see decode_threads); n_batch: tokens per

@@ -132,7 +132,7 @@ def test_prefill_check_reports_a_late_logit_difference(monkeypatch):
         return out
 
     monkeypatch.setattr(type(m), "forward", perturbed)
-    res = prefill_check(m, prompt(150), n_ctx=160)
+    res = prefill_check(m, prompt(150), n_ctx=160, n_batch=64)
     assert not res.ok and res.cache_diff is None
     assert res.logits_diff[:2] == (133, 17) and res.logits_diff[2] < res.logits_diff[3]
     assert "position 133 (vocab id 17)" in str(res)

@@ -634,13 +634,28 @@ def _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, nq, n64):
         qk16(sc, so + b * KT, ss, kf, ko + b * n64 * 64 * KT, qf, qo, qs, 4, nq, n64)
 
 
+@kernel(inline="always")
+def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq, dv):
+    for l in range(l0, l1):
+        s0 = m0 if n0 == 0 else _lane_steps(n0, l)
+        s1 = _lane_steps(n1, l)
+        if fresh != 0 or s1 > s0:
+            pv_chain(acc, ao + l * als, as_, fresh, vf, vo + l * vls, vs, wf, wo + l, ws, s0, s1, nq, dv)
+
+
 @kernel
-def _pv_q(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, nq, pa, pb):
-    """pv_chain on 64 channels (dv 4) for nq queries, nq the VectorPlan's literal pa or pb."""
+def _pv_lanes(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq, pa, pb):
+    """pv_chain on 64 channels (dv 4) for nq queries (the VectorPlan's literal pa or pb) on lanes
+    l0..l1-1 in turn: lane l's accumulators at acc[ao + l * als] (queries as_ apart), its V rows
+    at vf[vo + l * vls] (steps vs apart), its probabilities at wf[wo + l] (queries ws apart), its
+    steps from m0 (n0 == 0) or _lane_steps(n0, l) up to _lane_steps(n1, l). A lane without a step
+    is skipped, unless fresh (its accumulators are then set to +0). Each lane's operations are a
+    call of pv_chain as before; one call for all the lanes, where a call per lane cost more than
+    the lane's few steps at short contexts."""
     if nq == pa:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, pa, 4)
+        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pa, 4)
     else:
-        pv_chain(acc, ao, as_, fresh, vf, vo, vs, wf, wo, ws, m0, m1, pb, 4)
+        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pb, 4)
 
 
 def _chunk_size(n, cap):
@@ -677,13 +692,12 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb)
     window's first tile; 0 without), into acc (float32 [n_head, 64, hd_v]). wf: the probabilities
     [n_head, nctx64], vf: V [n_head_kv, 64, nt, hd_v], all flat."""
     cs = _chunk(gqa, PV_MAX_Q4)
-    for l in range(quarter * 16, min(quarter * 16 + 16, n_kv - m0 * KT)):  # lanes with a step
-        for cb in range(0, hd_v, 64):
-            vo = (g * KT + l) * nt * hd_v + cb
-            for hc in range(0, gqa, cs):
-                h = g * gqa + hc
-                _pv_q(acc, (h * KT + l) * hd_v + cb, KT * hd_v, 1, vf, vo, hd_v, wf, h * nctx64 + l, nctx64,
-                      m0, _lane_steps(n_kv, l), min(cs, gqa - hc), pa, pb)
+    l1 = min(quarter * 16 + 16, n_kv - m0 * KT)  # lanes with a step
+    for cb in range(0, hd_v, 64):
+        for hc in range(0, gqa, cs):
+            h = g * gqa + hc
+            _pv_lanes(acc, h * KT * hd_v + cb, hd_v, KT * hd_v, 1, vf, g * KT * nt * hd_v + cb, nt * hd_v, hd_v,
+                      wf, h * nctx64, nctx64, 0, m0, n_kv, quarter * 16, l1, min(cs, gqa - hc), pa, pb)
 
 
 @kernel(inline="always")
@@ -771,19 +785,17 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
     ls = acc.shape[2]  # 64 channels of one lane
     nl = min(KT, n_max - lo64)  # lanes with a step for some row (the others stay +0: not written)
     for cb in range(0, hd_v, 64):
-        for l in range(nl):
-            vo = (g * KT + l) * nt * hd_v + cb
-            m_all = _lane_steps(n_min, l)
-            for r0 in range(0, R, cs):
-                _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 1, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                      blk0, m_all, min(cs, R - r0), pa, pb)
-            for t in range(t0 + 1, t1):  # later rows: their steps past the first row's position
-                m_t = _lane_steps(pos0 + t + 1, l)
-                if m_t > m_all:
-                    rt = (t - t0) * gqa
-                    for r0 in range(rt, rt + gqa, cr):
-                        _pv_q(accf, (r0 * KT + l) * ls, KT * ls, 0, vf, vo, hd_v, scf, r0 * nctx64 + l, nctx64,
-                              m_all, m_t, min(cr, rt + gqa - r0), pa, pb)
+        vo = g * KT * nt * hd_v + cb
+        # every lane's chain up to the first row's position, shared by all queries; then each later
+        # row's own steps past it (per accumulator the steps in order, as one lane at a time did)
+        for r0 in range(0, R, cs):
+            _pv_lanes(accf, r0 * KT * ls, ls, KT * ls, 1, vf, vo, nt * hd_v, hd_v, scf, r0 * nctx64, nctx64,
+                      0, blk0, n_min, 0, nl, min(cs, R - r0), pa, pb)
+        for t in range(t0 + 1, t1):
+            rt = (t - t0) * gqa
+            for r0 in range(rt, rt + gqa, cr):
+                _pv_lanes(accf, r0 * KT * ls, ls, KT * ls, 0, vf, vo, nt * hd_v, hd_v, scf, r0 * nctx64, nctx64,
+                          n_min, 0, pos0 + t + 1, 0, nl, min(cr, rt + gqa - r0), pa, pb)
         for r in range(nr):
             orow = out[t0 + r // gqa]
             o = (g * gqa + r % gqa) * hd_v + cb
