@@ -393,3 +393,94 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         return sig, codegen
 
     return sb4_dot
+
+
+# ---------------------------------------------------------------------------------------------
+# Two K-quant weight rows against one Q8_K activation row, one super-block per call (kquants.py
+# rows_dot2_T_q8_K, prefill): rows_dot's per-row step for both rows, the two rows' lanes, scales
+# and accumulators side by side in one vector where the single-row step has a half-empty one.
+# ---------------------------------------------------------------------------------------------
+
+def make_rows2_step(mins):
+    """Build ``rows2_step(accs, ao, accm, mo, qb0, qb1, sv0, sv1, mn0, mn1, dv, dmv, a, yo)``: for
+    weight rows r = 0, 1 (super-block unpacked as rows_dot does: qb_r uint8[256] values < 64, sv_r
+    int32[64] lane scales, mn_r int32[16] the mins pairs ("four": Q4_K) or -32 * scales
+    ("bsums32": Q6_K)) and the Q8_K block at byte yo of a, exactly rows_dot's step:
+      "four":    accm[mo + 4r + k] = fma(-yd * dmin_r, float(pm_r[2k] + pm_r[2k+1]), ...), k < 4,
+                 pm_r = bsums_madd8(mn_r); lanes_r = the chunk lanes (from 0);
+      "bsums32": lanes_r start at bsums_madd8(mn_r) (vec_dot's -32 * scale * bsums);
+      then accs[ao + 8r + l] = fma(yd * d_r, float(lanes_r[l]), ...), l < 8,
+    with yd the block's float d, dv float32[16] = [d_0 x 8, d_1 x 8] and dmv float32[8] = [dmin_0
+    x 4, dmin_1 x 4] (F16 values, converted), every product and fma those of the single-row step
+    lane by lane (the products yd * d_r, -yd * dmin_r formed in vector lanes: the same roundings).
+    Lanes: vpmaddubsw + vpdpwssd per 64 values (dot64_madd_add; AVX512-VNNI hosts only: kquants
+    defines rows_dot2 there), the bsums products by one 512-bit vpmaddwd for both rows."""
+    i16, i64 = ir.IntType(16), ir.IntType(64)
+    v8f = _V8F
+
+    @intrinsic
+    def rows2_step(typingctx, accs, ao, accm, mo, qb0, qb1, sv0, sv1, mn0, mn1, dv, dmv, a, yo):
+        if not flat_args(accs, accm, qb0, qb1, sv0, sv1, mn0, mn1, dv, dmv, a):
+            return None
+        sig = types.void(accs, types.intp, accm, types.intp, qb0, qb1, sv0, sv1, mn0, mn1, dv, dmv, a, types.intp)
+
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            accv, aov, accmv, mov, q0, q1, s0, s1, n0, n1, dvv, dmvv, av, yov = args
+
+            def ptr(k, v, elt=_I8):
+                return ir_data(context, builder, t[k], v, elt)
+
+            def vload(p, off, ty):
+                return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
+
+            def c64(x):
+                return ir.Constant(i64, x)
+
+            fn = cgutils.get_or_insert_function
+            maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2),
+                         "llvm.x86.avx512.pmaddubs.w.512")
+            dpwssd = fn(builder.module, ir.FunctionType(_V16I, [_V16I] * 3), "llvm.x86.avx512.vpdpwssd.512")
+            pmaddwd = fn(builder.module, ir.FunctionType(_V16I, [ir.VectorType(i16, 32)] * 2),
+                         "llvm.x86.avx512.pmaddw.d.512")
+            fma16 = fn(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
+            fma8 = fn(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+            ap = builder.gep(ptr(12, av), [yov])
+            yd = builder.load(builder.bitcast(ap, _F32.as_pointer()), align=1)
+            bs = vload(ap, c64(260), ir.VectorType(i16, 16))
+            bs2 = ir_shuffle(builder, bs, None, list(range(16)) * 2)
+            coef = ir_shuffle(builder, builder.trunc(vload(ptr(8, n0, _I32), c64(0), _V16I), ir.VectorType(i16, 16)),
+                              builder.trunc(vload(ptr(9, n1, _I32), c64(0), _V16I), ir.VectorType(i16, 16)), range(32))
+            pm = builder.call(pmaddwd, [bs2, coef])  # [row 0's 8 lanes, row 1's 8 lanes]
+            if mins == "four":
+                s = builder.add(ir_shuffle(builder, pm, None, range(0, 16, 2)), ir_shuffle(builder, pm, None, range(1, 16, 2)))
+                dmn = builder.fmul(ir_splat(builder, builder.fneg(yd), 8), vload(ptr(11, dmvv, _F32), c64(0), v8f))
+                mptr = builder.bitcast(builder.gep(ptr(2, accmv, _F32), [mov]), v8f.as_pointer())
+                builder.store(builder.call(fma8, [dmn, builder.sitofp(s, v8f), builder.load(mptr, align=4)]), mptr,
+                              align=4)
+                init = ir.Constant(_V16I, [0] * 16)
+            else:  # bsums32: the lanes start at the bsums products
+                init = pm
+            p16 = []
+            for q, sv in ((q0, s0), (q1, s1)):
+                qp, sp = ptr(4 + len(p16), q), ptr(6 + len(p16), sv, _I32)
+                acc = ir.Constant(_V16I, [0] * 16)
+                for c in range(0, 8, 2):
+                    tw = builder.call(maddubs, [vload(qp, c64(32 * c), ir.VectorType(_I8, 64)),
+                                                vload(ap, c64(4 + 32 * c), ir.VectorType(_I8, 64))])
+                    sc = builder.trunc(vload(sp, c64(8 * c), _V16I), ir.VectorType(i16, 16))
+                    words = ir_shuffle(builder, sc, None, [j // 2 for j in range(32)])
+                    acc = builder.call(dpwssd, [acc, builder.bitcast(tw, _V16I), builder.bitcast(words, _V16I)])
+                p16.append(acc)
+            lo = ir_shuffle(builder, p16[0], p16[1], list(range(8)) + list(range(16, 24)))
+            hi = ir_shuffle(builder, p16[0], p16[1], list(range(8, 16)) + list(range(24, 32)))
+            lanes = builder.add(init, builder.add(lo, hi))
+            d16 = builder.fmul(ir_splat(builder, yd, 16), vload(ptr(10, dvv, _F32), c64(0), _V16F))
+            aptr = builder.bitcast(builder.gep(ptr(0, accv, _F32), [aov]), _V16F.as_pointer())
+            builder.store(builder.call(fma16, [d16, builder.sitofp(lanes, _V16F), builder.load(aptr, align=4)]), aptr,
+                          align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return rows2_step

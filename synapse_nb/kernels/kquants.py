@@ -60,9 +60,10 @@ from numba import carray
 from ..formats import format_of
 from .decorator import kernel
 from .kquant_ir import (bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_madd_add,  # noqa: F401
-                        fold16_add, iq4_lookup32, isum8, lanes_fma8, make_superblock4_dot, pairs_fma4, zero16)
+                        fold16_add, iq4_lookup32, isum8, lanes_fma8, make_rows2_step, make_superblock4_dot, pairs_fma4,
+                        zero16)
 from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, f16_le, f32_bits, fma32, hsum_float_8, u32_as_f32  # noqa: F401
-from .simd import (ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane, acc16_zero,  # noqa: F401
+from .simd import (HAS_VNNI512, ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane, acc16_zero,  # noqa: F401
                    ir_bytes, ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, load_f32,
                    ptr_offset, stack_f32, stack_i32, stack_u8, store4_hsum)  # (F401: used by the generated rows_dot / vec_dot4)
 
@@ -871,3 +872,63 @@ for _stem in _SB4:
     _scales, _unpack, _lanes, *_d = _ROWS[_stem]
     _generate(_ROWS_DOT, _stem, dict(scales=_scales, unpack=_unpack), lanes=_lanes, d=_d[0] if _d else "yd * dw",
               tail=_ROWS_TAIL.get(_SB4[_stem][1].get("mins"), ""))
+
+
+# Two weight rows per call (rows_dot2_T_q8_K: the matmul's groups of two rows, AVX512-VNNI hosts):
+# per super-block each row's weight-only work as rows_dot's, then per activation row one
+# kquant_ir.make_rows2_step for both (their lanes, products and fmas side by side in vectors, the
+# activation read once): each output's operations are rows_dot's, in its order. Q4_K and Q6_K (the
+# K-quants of the Q4_K_M models in models.txt).
+
+_ROWS_DOT2 = """
+@kernel
+def rows_dot2_{w}_q8_K(y, m, w, a):
+    '''y[n, m + r] = vec_dot_{w}_q8_K(w[m + r], a[n]) for r < 2 and every row n of a (bit for bit).'''
+    nb = w.shape[1] // {WB}
+    rb = a.shape[1]
+    sc0, sc1 = carray(stack_i32(16), 16), carray(stack_i32(16), 16)
+    mn0, mn1 = carray(stack_i32(16), 16), carray(stack_i32(16), 16)
+    sv0, sv1 = carray(stack_i32(64), 64), carray(stack_i32(64), 64)
+    qb0, qb1 = carray(stack_u8(256), 256), carray(stack_u8(256), 256)
+    dv = carray(stack_f32(16), 16)
+    dmv = carray(stack_f32(8), 8)
+    accs = stack_f32(1024)  # per activation row: 8 lanes of row m, 8 of row m + 1
+    accm = stack_f32(512)  # per activation row: row m's four min lanes, row m + 1's
+    accm_a = carray(accm, 512)  #four
+    for g in range(0, a.shape[0], ROWS_GROUP):
+        ng = min(ROWS_GROUP, a.shape[0] - g)
+        for n in range(ng):
+            acc16_zero(ptr_offset(accs, 16 * n))
+            acc8_zero(ptr_offset(accm, 8 * n))
+        for i in range(nb):
+            w0 = w[m, i * {WB}:(i + 1) * {WB}]
+            w1 = w[m + 1, i * {WB}:(i + 1) * {WB}]
+            {prep0}
+            {prep1}
+            for k in range(8):
+                dv[k] = f16_le(w0, {D})
+                dv[8 + k] = f16_le(w1, {D})
+            for k in range(4):  #four
+                dmv[k] = f16_le(w0, {D} + 2)  #four
+                dmv[4 + k] = f16_le(w1, {D} + 2)  #four
+            for n in range(ng):
+                _rows2_{w}(accs, 16 * n, accm, 8 * n, qb0, qb1, sv0, sv1, mn0, mn1, dv, dmv, a, (g + n) * rb + i * Q8_K_BYTES)
+        for n in range(ng):
+            for r in range(2):
+                y[g + n, m + r] = acc8_hsum(ptr_offset(accs, 16 * n + 8 * r)){tail2}
+"""
+# per row r, the weight-only code (rows_dot's scales, unpacking and lane scales; mn_r: the mins
+# pairs or -32 * scales)
+_ROWS2_PREP = {
+    "q4_K": "_k4_unpack(sc{r}, w{r}, 4)\n_k4_min_pairs(mn{r}, sc{r})\n_chunk_scales(sv{r}, sc{r}, False)\n"
+            "_unpack_q4_K(qb{r}, w{r})",
+    "q6_K": "for j in range(16):\n    sc{r}[j] = np.int32(np.int8(w{r}[192 + j]))\n    mn{r}[j] = sc{r}[j] * np.int32(-32)\n"
+            "_chunk_scales(sv{r}, sc{r}, True)\n_unpack_q6_K(qb{r}, w{r})",
+}
+_ROWS2_TAIL = {"q4_K": (" + ((accm_a[8 * n + 4 * r] + accm_a[8 * n + 4 * r + 2])"
+                        " + (accm_a[8 * n + 4 * r + 1] + accm_a[8 * n + 4 * r + 3]))")}
+if HAS_VNNI512:
+    for _stem, _prep in _ROWS2_PREP.items():
+        globals()[f"_rows2_{_stem}"] = make_rows2_step(_SB4[_stem][1]["mins"])
+        _generate(_ROWS_DOT2, _stem, dict(prep0=_prep.format(r=0), prep1=_prep.format(r=1)),
+                  tail2=_ROWS2_TAIL.get(_stem, ""))

@@ -41,11 +41,12 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   (formats.BlockFormat.rows_dot_name); its driver then calls it for N > 1 instead of the
   per-pair loop.
 * Several weight rows per call, found by name like rows_dot: ``vec_dot4_T(y1, m, w, a_row)``
-  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot8_T`` / ``rows_dot4_T(y, m, w,
-  a)`` (y[:, m + r] for r < 8 / 4, all activation rows: N > 1), again with vec_dot_T's operations
-  per output; the driver takes them for whole groups of rows in a chunk, widest first, and the
-  single-row functions for the rest (_row_groups). The template formats of legacy.py have
-  vec_dot4 and rows_dot8, IQ4_NL, F32, F16 and BF16 vec_dot4 and rows_dot4, the K-quants vec_dot4.
+  (y1[m + r] for r < 4, one activation row: N == 1) and ``rows_dot8_T`` / ``rows_dot4_T`` /
+  ``rows_dot2_T(y, m, w, a)`` (y[:, m + r] for r < 8 / 4 / 2, all activation rows: N > 1), again
+  with vec_dot_T's operations per output; the driver takes them for whole groups of rows in a
+  chunk, widest first, and the single-row functions for the rest (_row_groups). The template
+  formats of legacy.py have vec_dot4 and rows_dot8, IQ4_NL, F32, F16 and BF16 vec_dot4 and
+  rows_dot4, the K-quants vec_dot4, Q4_K and Q6_K rows_dot2 (AVX512-VNNI hosts).
 * Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
@@ -188,7 +189,7 @@ def _build_tables():
         one = _row_groups([(4, f"{mod}.{dot4}(y[0], m, w, a[0])")] if hasattr(m_, dot4) else [],
                           f"y[0, r] = {mod}.{dot}(w[r], a[0], scratch)")
         if hasattr(m_, rows):
-            wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4)]
+            wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
             many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
                                f"{mod}.{rows}(y, r, w[r], a)")
         else:
