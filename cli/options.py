@@ -83,8 +83,10 @@ def _compose(opts):
 
 
 def _int_option(p, **kw):
-    """An integer option of the table: click's dest is the parameter's key, its range the table's."""
-    return click.option(*p.flags, p.key, type=AtLeast(p.lo, p.note, p.hi), metavar=p.metavar, help=p.help, **kw)
+    """An integer option of the table: click's dest is the parameter's key, its range and default the
+    table's."""
+    return click.option(*p.flags, p.key, type=AtLeast(p.lo, p.note, p.hi), metavar=p.metavar, help=p.help,
+                        default=p.default, **kw)
 
 
 _R = {p.key: p for p in RUN}
@@ -100,10 +102,10 @@ prompt_options = _compose([
 ])
 
 run_options = _compose([
-    _int_option(_R["n_predict"], default=128, show_default=True),
-    _int_option(_R["n_ctx"], default=None),
-    _int_option(_R["n_batch"], default=64, show_default=True),
-    _int_option(_R["n_threads"], default=None),
+    _int_option(_R["n_predict"], show_default=True),
+    _int_option(_R["n_ctx"]),
+    _int_option(_R["n_batch"], show_default=True),
+    _int_option(_R["n_threads"]),
     click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", type=str, default=None, metavar="N",
                  help="Accepted for llama.cpp's scripts and ignored: no GPU offload (a CPU decoder)."),
     click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens."),
@@ -162,7 +164,7 @@ perplexity_options = _compose([
                       "with --kl-divergence: the base file to compare against."),
     click.option("--kl-divergence", "kl_div", is_flag=True,
                  help="KL divergence of our token distributions against --kl-divergence-base FILE."),
-    _int_option(_R["chunks"], default=None),
+    _int_option(_R["chunks"]),
 ])
 
 grammar_options = _compose([

@@ -235,7 +235,7 @@ def test_help_and_version():
 
 def test_prefill_check_ok_on_tiny():
     ids = ",".join(str(3 + (7 * i) % 500) for i in range(70))  # crosses the 64-token batch boundary
-    res = run(TINY / "tiny-qwen2-q4_k_m.gguf", "--tokens", ids, "--prefill-check", "-t", "2")
+    res = run(TINY / "tiny-qwen2-q4_k_m.gguf", "--tokens", ids, "--prefill-check", "-t", "2", "-b", "64")
     assert res.returncode == 0, res.stderr.decode()
     assert b"OK" in res.stdout
     assert b"prefill check: 64/70 tokens compared" in res.stderr  # progress, batch by batch
