@@ -77,6 +77,20 @@ def _emit_dot64_scaled_add(context, builder, sig, args):
 
 
 
+def _ir_madd_dpwssd(builder, acc, q8, y8, sv16):
+    """acc + vpdpwssd(vpmaddubsw(q8, y8), each int32 lane's scale on both its words): <16 x i32>,
+    q8 <64 x i8> unsigned values < 128, y8 <64 x i8> signed, sv16 <16 x i32> scales that fit int16
+    (dot64_madd_add's and make_rows2_step's integer step; AVX512-VNNI)."""
+    i16 = ir.IntType(16)
+    fn = cgutils.get_or_insert_function
+    maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2),
+                 "llvm.x86.avx512.pmaddubs.w.512")
+    dpwssd = fn(builder.module, ir.FunctionType(_V16I, [_V16I] * 3), "llvm.x86.avx512.vpdpwssd.512")
+    words = ir_shuffle(builder, builder.trunc(sv16, ir.VectorType(i16, 16)), None, [j // 2 for j in range(32)])
+    t = builder.call(maddubs, [q8, y8])
+    return builder.call(dpwssd, [acc, builder.bitcast(t, _V16I), builder.bitcast(words, _V16I)])
+
+
 @ir_intrinsic(_dot64_typer)
 def dot64_madd_add(context, builder, sig, args):
     """p16 += the int32 lanes of _emit_dot64_scaled_add (the same exact values) for stored values qb < 128 and
@@ -90,20 +104,12 @@ def dot64_madd_add(context, builder, sig, args):
         return _emit_dot64_scaled_add(context, builder, sig, args)
     p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
-    i16 = ir.IntType(16)
     q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)
     y8 = ir_load(builder, builder.gep(ir_data(context, builder, ya_t, ya_v), [yo_v]), 64)
-    maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-        ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
-    dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
-                                            "llvm.x86.avx512.vpdpwssd.512")
     sv_ptr = builder.gep(ir_data(context, builder, sv_t, sv_v, _I32), [so_v])
-    scale = builder.trunc(builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4), ir.VectorType(i16, 16))
-    words = ir_shuffle(builder, scale, None, [j // 2 for j in range(32)])
+    scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
     p_ptr = builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
-    t = builder.call(maddubs, [q8, y8])
-    builder.store(builder.call(dpwssd, [builder.load(p_ptr, align=4), builder.bitcast(t, _V16I),
-                                        builder.bitcast(words, _V16I)]), p_ptr, align=4)
+    builder.store(_ir_madd_dpwssd(builder, builder.load(p_ptr, align=4), q8, y8, scale), p_ptr, align=4)
 
 
 @ir_intrinsic(lambda p16, qb, qo, qh, ho, ya, yo, sv, so: types.void(
@@ -438,9 +444,6 @@ def make_rows2_step(mins):
                 return ir.Constant(i64, x)
 
             fn = cgutils.get_or_insert_function
-            maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2),
-                         "llvm.x86.avx512.pmaddubs.w.512")
-            dpwssd = fn(builder.module, ir.FunctionType(_V16I, [_V16I] * 3), "llvm.x86.avx512.vpdpwssd.512")
             pmaddwd = fn(builder.module, ir.FunctionType(_V16I, [ir.VectorType(i16, 32)] * 2),
                          "llvm.x86.avx512.pmaddw.d.512")
             fma16 = fn(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
@@ -466,11 +469,9 @@ def make_rows2_step(mins):
                 qp, sp = ptr(4 + len(p16), q), ptr(6 + len(p16), sv, _I32)
                 acc = ir.Constant(_V16I, [0] * 16)
                 for c in range(0, 8, 2):
-                    tw = builder.call(maddubs, [vload(qp, c64(32 * c), ir.VectorType(_I8, 64)),
-                                                vload(ap, c64(4 + 32 * c), ir.VectorType(_I8, 64))])
-                    sc = builder.trunc(vload(sp, c64(8 * c), _V16I), ir.VectorType(i16, 16))
-                    words = ir_shuffle(builder, sc, None, [j // 2 for j in range(32)])
-                    acc = builder.call(dpwssd, [acc, builder.bitcast(tw, _V16I), builder.bitcast(words, _V16I)])
+                    acc = _ir_madd_dpwssd(builder, acc, vload(qp, c64(32 * c), ir.VectorType(_I8, 64)),
+                                          vload(ap, c64(4 + 32 * c), ir.VectorType(_I8, 64)),
+                                          vload(sp, c64(8 * c), _V16I))
                 p16.append(acc)
             lo = ir_shuffle(builder, p16[0], p16[1], list(range(8)) + list(range(16, 24)))
             hi = ir_shuffle(builder, p16[0], p16[1], list(range(8, 16)) + list(range(24, 32)))
