@@ -280,3 +280,37 @@ def test_sliding_window_attends_the_window_only(threads, hd):
                 (A._per_head_par if par else A._per_head_ser)(one, q[t:t + 1], kc, vc, pos0 + t, n_head, n_head_kv,
                                                               scale, ws.buf, n_swa)
                 assert np.array_equal(one[0].view(np.uint32), ref[t]), (nt, par, t)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_kv_store_and_query_rounding_are_ggml_fp32_to_fp16(portable, monkeypatch):
+    """The K/V store and the query's F16 rounding convert 16 values at a time (simd.f16_bits16 /
+    f16_round16: vcvtps2ph, or integer IR without F16C); every value as numpy's float16 (round to
+    nearest even, overflow to inf, subnormals), a head dim with a scalar tail (72) included."""
+    from synapse_nb.kernels import simd
+
+    if portable:
+        monkeypatch.setattr(simd, "HAS_F16C", False)
+    store = njit(cache=False)(A.store_kv_kernel.py_func)
+    rnd = njit(cache=False)(lambda d, s: [simd.f16_round16(d, i, s, i) for i in range(0, s.size, 16)])
+    rng = np.random.default_rng(11)
+
+    def f16(a):  # numpy's conversion; values past 65519.99... become inf, as intended here
+        with np.errstate(over="ignore"):
+            return a.astype(np.float16)
+
+    for hd in (64, 72):
+        k = (rng.standard_normal((3, 2 * hd)) * rng.choice([1e-6, 1, 3e4, 1e5], (3, 2 * hd))).astype(np.float32)
+        v = (rng.standard_normal((3, 2 * hd)) * rng.choice([1e-6, 1, 3e4, 1e5], (3, 2 * hd))).astype(np.float32)
+        k[0, :6] = [65504.0, 65520.0, -65519.99, 2.0 ** -25, 3 * 2.0 ** -26, -0.0]
+        kc, vc = np.zeros(A.kv_shapes(128, 2, hd, hd)[0], np.uint16), np.zeros(A.kv_shapes(128, 2, hd, hd)[1], np.uint16)
+        store(kc, vc, k, v, 62)
+        for t in range(3):
+            p = 62 + t
+            for g in range(2):
+                assert np.array_equal(kc[g, p // 64, :, p % 64], f16(k[t, g * hd:(g + 1) * hd]).view(np.uint16))
+                assert np.array_equal(vc[g, p % 64, p // 64], f16(v[t, g * hd:(g + 1) * hd]).view(np.uint16))
+    x = k[0, :64].copy()
+    y = np.empty_like(x)
+    rnd(y, x)
+    assert np.array_equal(y, f16(x).astype(np.float32))

@@ -159,6 +159,9 @@ def test_rms_norm_matches_numpy_transcription():
     one = np.empty_like(x[:1])
     ops.rms_norm_rows(one, x[3:4], w, eps)  # the serial (one-row) kernel gives the same bits
     assert np.array_equal(one[0], out[3])
+    ser = np.empty_like(x)
+    ops._rms_norm_ser(ser, x, w, eps)  # serial, rows 0-3 side by side then row 4 alone
+    assert np.array_equal(ser, out)
 
 
 def test_v_expf_is_ggml_polynomial_exp():

@@ -39,3 +39,56 @@ def _ref_rows(ref, gate, up):
                     ref[t, i] = ops.silu_f32(gate[t, i]) * up[t, i]
 
     run(ref, gate, up)
+
+
+def _geglu_ref(gate, up):
+    """ggml_vec_geglu_f32's GGML_GELU_FP16 loop, transcribed in numpy: 0 for gate <= -10,
+    gate * up for gate >= 10, else the table entry of F16(gate) (round to nearest even) times up."""
+    table = ops.gelu_table()
+    ref = np.empty_like(gate)
+    for idx, x in np.ndenumerate(gate):
+        if x <= -10:
+            ref[idx] = 0.0
+        elif x >= 10:
+            ref[idx] = x * up[idx]
+        else:
+            ref[idx] = table[int(np.float16(x).view(np.uint16))] * up[idx]
+    return ref
+
+
+def _geglu_cases(n, m, rng):
+    gate = (rng.standard_normal((n, m)) * rng.choice([1e-3, 1, 4, 30], (n, m))).astype(np.float32)
+    edge = [-10.0, 10.0, np.nextafter(np.float32(-10), 0), np.nextafter(np.float32(10), 0), np.inf, -np.inf,
+            np.nan, -0.0, 1e-8, -3e-5, 65519.0, 65520.0, 1.00048828125, 2.0009765625, -7.998046875, 6e-8]
+    gate[:, :len(edge)] = np.array(edge, np.float32)
+    return gate, rng.standard_normal((n, m)).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_geglu_rows_equal_the_ggml_loop(n):
+    """The 16-lane GEGLU (geglu16: vcvtps2ph, a table fetch per lane, the two branches as
+    selects) and its scalar tail give the scalar loop's bits, on the parallel (n > 1) and serial
+    kernels, for edge inputs (the +-10 bounds, inf, nan, F16 overflow and halfway cases)."""
+    rng = np.random.default_rng(5)
+    gate, up = _geglu_cases(n, 16 * 9 + 5, rng)
+    out = np.full_like(gate, np.nan)
+    ops.geglu_rows(out, gate, up)
+    assert np.array_equal(out.view(np.uint32), _geglu_ref(gate, up).view(np.uint32))
+
+
+def test_geglu_portable_f16_rounding(monkeypatch):
+    """Without F16C the gate's F16 rounding is integer IR (simd.ir_f32_to_f16): the same bits."""
+    from numba import njit
+
+    from synapse_nb.kernels import simd
+
+    monkeypatch.setattr(simd, "HAS_F16C", False)
+    row = njit(cache=False)(ops._geglu_row.py_func)  # compiled now, with the portable IR
+    rng = np.random.default_rng(6)
+    gate, up = _geglu_cases(2, 16 * 5, rng)
+    gate[1] = (rng.standard_normal(16 * 5) * 1e-5).astype(np.float32)  # F16 subnormals
+    out = np.full_like(gate, np.nan)
+    for t in range(2):
+        row(out, gate, up, ops.gelu_table(), t)
+    assert "half" not in next(iter(row.inspect_llvm().values()))  # no fptrunc to half: the integer path
+    assert np.array_equal(out.view(np.uint32), _geglu_ref(gate, up).view(np.uint32))

@@ -53,7 +53,7 @@ from numba.extending import intrinsic
 from .decorator import kernel
 from .ops import EXPF_C1, EXPF_C2, EXPF_C3, EXPF_C4, EXPF_C5, EXPF_LN2_HI, EXPF_LN2_LO, EXPF_LOG2E
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32
-from .simd import HAS_F16C, ir_f16_to_f32_portable, ir_prefetch, ir_reduce_add_16
+from .simd import HAS_F16C, f16_bits16, f16_round16, ir_f16_to_f32_portable, ir_f32_to_f16, ir_prefetch, ir_reduce_add_16
 
 _F32 = np.float32
 
@@ -83,15 +83,24 @@ def _f16_round(x):
 def store_kv_kernel(k_cache, v_cache, k, v, pos0):
     """store_kv's kernel (unchecked; also called from the compiled block loop, kernels/graph.py)."""
     hd_k, hd_v = k_cache.shape[2], v_cache.shape[3]
+    k16, v16 = hd_k - hd_k % 16, hd_v - hd_v % 16
+    kb = np.empty(hd_k, np.uint16)  # a K row's F16 bits, converted 16 at a time, then spread over the tile
     for t in range(k.shape[0]):
         p = pos0 + t
         blk, pj = p // KT, p % KT
+        kt, vt = k[t], v[t]
         for g in range(k_cache.shape[0]):
+            for i in range(0, k16, 16):
+                f16_bits16(kb, i, kt, g * hd_k + i)
+            for i in range(k16, hd_k):
+                kb[i] = _f16_bits(kt[g * hd_k + i])
             for i in range(hd_k):
-                k_cache[g, blk, i, pj] = _f16_bits(k[t, g * hd_k + i])
+                k_cache[g, blk, i, pj] = kb[i]
             vr = v_cache[g, pj, blk]
-            for i in range(hd_v):
-                vr[i] = _f16_bits(v[t, g * hd_v + i])
+            for i in range(0, v16, 16):
+                f16_bits16(vr, i, vt, g * hd_v + i)
+            for i in range(v16, hd_v):
+                vr[i] = _f16_bits(vt[g * hd_v + i])
 
 
 def store_kv(k_cache, v_cache, k, v, pos0):
@@ -480,26 +489,6 @@ def _ir_v_expf_rare(builder, n, j):
     return builder.select(big, edge, builder.select(isnan, n, scaled))
 
 
-def _ir_f32_to_f16(builder, f):
-    """<16 x float> -> <16 x i16> F16 bits, round to nearest even (vcvtps2ph with F16C, else
-    scalar.f32_to_f16_bits per lane)."""
-    if HAS_F16C:
-        return builder.bitcast(builder.fptrunc(f, ir.VectorType(ir.HalfType(), 16)), _V16H)
-    c = lambda v: _vconst(v, _V16I)  # noqa: E731
-    u = builder.bitcast(f, _V16I)
-    sign = builder.and_(builder.lshr(u, c(16)), c(0x8000))
-    a = builder.and_(u, c(0x7FFFFFFF))
-    nan_r = builder.or_(c(0x7E00), builder.and_(builder.lshr(a, c(13)), c(0x3FF)))
-    sub_r = builder.fptoui(_vcall(builder, "llvm.rint.v16f32", [builder.fmul(builder.bitcast(a, _V16F),
-                                                                             _vconst(16777216.0))]), _V16I)
-    a2 = builder.sub(a, c(0x38000000))
-    norm_r = builder.lshr(builder.add(builder.add(a2, c(0xFFF)), builder.and_(builder.lshr(a2, c(13)), c(1))), c(13))
-    r = builder.select(builder.icmp_unsigned("<", a, c(0x38800000)), sub_r, norm_r)
-    r = builder.select(builder.icmp_unsigned(">=", a, c(0x477FF000)), c(0x7C00), r)
-    r = builder.select(builder.icmp_unsigned(">", a, c(0x7F800000)), nan_r, r)
-    return builder.trunc(builder.or_(sign, r), _V16H)
-
-
 def _tail_mask(builder, c, n):
     """<16 x i1>: positions 16 c + i < n of chunk c."""
     pos = builder.add(_splat(builder, builder.mul(c, c.type(16))), ir.Constant(ir.VectorType(c.type, 16), list(range(16))))
@@ -584,7 +573,7 @@ def sm_round(typingctx, sc, so, n, inv):
         vinv = _splat(builder, invv)
         with cgutils.for_range(builder, _chunks(builder, nv)) as loop:
             off = builder.mul(loop.index, loop.index.type(16))
-            h = _ir_f32_to_f16(builder, builder.fmul(_vload(builder, sp, off), vinv))
+            h = ir_f32_to_f16(builder, builder.fmul(_vload(builder, sp, off), vinv))
             if HAS_F16C:
                 fv = builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F)
             else:
@@ -716,8 +705,9 @@ def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, q
     nqk = (nblk - blk0 + QK_TILES - 1) // QK_TILES
     nctx64 = scd.shape[1]
     kf, vf, qf, scf, accf, orow = kc.ravel(), vc.ravel(), qd.ravel(), scd.ravel(), accd.ravel(), out[0]
-    for i in range(n_head * hd_k):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
-        qf[i] = _f16_round(q[0, i])
+    q0 = q[0]
+    for i in range(0, n_head * hd_k, 16):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
+        f16_round16(qf, i, q0, i)
     for it in prange(n_head_kv * nqk):
         b0 = blk0 + (it % nqk) * QK_TILES
         _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64, qa, qb)
@@ -765,9 +755,9 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
     qwf, scf, accf = qw.ravel(), sc.ravel(), acc.ravel()
     for r in range(nr):
         t, h = t0 + r // gqa, g * gqa + r % gqa
-        qr = qw[r]
-        for i in range(hd_k):
-            qr[i] = _f16_round(q[t, h * hd_k + i])
+        qr, qt = qw[r], q[t]
+        for i in range(0, hd_k, 16):  # (hd_k: 64, 128 or 256)
+            f16_round16(qr, i, qt, h * hd_k + i)
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
     blk0 = _window_start(pos0 + t0, n_swa) // KT
     lo64 = blk0 * KT

@@ -4,7 +4,7 @@ Per super-block of 256 values, ggml's x86 K-quant dots reduce each 32-value chun
 int32 lanes (scale * the 4-value sums of weight * Q8_K activation) and accumulate them per lane
 with one fma. The pieces here do that on unpacked weights (dot32_scaled_add, dot64_madd_add,
 dot64_diff_scaled_add, fold16_add, lanes_fma8, bsums_madd8, pairs_fma4, isum8, iq4_lookup32: the
-single-row vec_dot and the multi-row rows_dot), and make_superblock4_dot builds, from a format's
+single-row vec_dot and the multi-row rows_dot; q8k_bsums, the Q8_K quantizer's block sums), and make_superblock4_dot builds, from a format's
 IR readers of its values and scales, the four-row super-block step of vec_dot4.
 """
 
@@ -209,6 +209,23 @@ def isum8(context, builder, sig, args):
         hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half, 2 * half))))
         v = builder.add(lo, hi)
     return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+@ir_intrinsic(lambda p, off: types.void(p, types.intp) if flat_args(p) else None)
+def q8k_bsums(context, builder, sig, args):
+    """A Q8_K block's bsums from its qs: the block at byte off of p (uint8); int16 bsums[j] (bytes
+    260 + 2j) = the sum of the 16 int8 qs[16 j .. 16 j + 15] (bytes 4 + ...), exact in int16."""
+    p = builder.gep(ir_data(context, builder, sig.args[0], args[0]), [args[1]])
+    i16 = ir.IntType(16)
+    qs = builder.sext(ir_load(builder, builder.gep(p, [ir.Constant(_I32, 4)]), 256), ir.VectorType(i16, 256))
+    v, gs = qs, 16
+    while gs > 1:  # each group's first half plus its second half, until one value per group
+        half = gs // 2
+        lo = [(j // half) * gs + j % half for j in range(16 * half)]
+        v = builder.add(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16 * half), lo)),
+                        builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16 * half), [i + half for i in lo])))
+        gs = half
+    builder.store(v, builder.bitcast(builder.gep(p, [ir.Constant(_I32, 260)]), ir.VectorType(i16, 16).as_pointer()), align=1)
 
 
 @ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))

@@ -61,7 +61,7 @@ from ..formats import format_of
 from .decorator import kernel
 from .kquant_ir import (bsums_madd8, dot32_scaled_add, dot64_diff_scaled_add, dot64_madd_add,  # noqa: F401
                         fold16_add, iq4_lookup32, isum8, lanes_fma8, make_rows2_step, make_superblock4_dot, pairs_fma4,
-                        zero16)
+                        q8k_bsums, zero16)
 from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, f16_le, f32_bits, fma32, hsum_float_8, u32_as_f32  # noqa: F401
 from .simd import (HAS_VNNI512, ROWS_GROUP, acc8_hsum, acc8_zero, acc16_hsum, acc16_lane, acc16_zero,  # noqa: F401
                    ir_bytes, ir_lookup64, ir_lookup_nibbles32, ir_shuffle, ir_splat_const, ir_vec, ir_word, load_f32,
@@ -116,22 +116,24 @@ def quantize_row_q8_K(out, x):
     An all-zero block gets d = 0 and zero qs and bsums.
     """
     nb = x.size // QK_K
-    o8 = out.view(np.int8)
     for i in range(nb):
         xo = i * QK_K
         bo = i * Q8_K_BYTES
-        amax = np.float32(0.0)
-        vmax = np.float32(0.0)
+        # ggml's scan keeps the first x of largest |x| (a NaN never compares greater). The same x
+        # found in two passes that vectorize: the largest |x| by its bits (as unsigned integers
+        # they order like the magnitudes; a NaN counts as 0), then its first position.
+        amax_bits = np.uint32(0)
         for j in range(QK_K):
-            ax = abs(x[xo + j])
-            if ax > amax:
-                amax = ax
-                vmax = x[xo + j]
-        if amax == 0:
+            a = f32_bits(x[xo + j]) & np.uint32(0x7FFFFFFF)
+            amax_bits = max(amax_bits, a if a <= np.uint32(0x7F800000) else np.uint32(0))
+        if amax_bits == 0:
             for j in range(Q8_K_BYTES):
                 out[bo + j] = 0
             continue
-        iscale = np.float32(-127.0) / vmax
+        j0 = 0
+        while f32_bits(x[xo + j0]) & np.uint32(0x7FFFFFFF) != amax_bits:
+            j0 += 1
+        iscale = np.float32(-127.0) / x[xo + j0]
         for j in range(QK_K):
             # ggml's nearest_int: add 1.5 * 2^23 and take the low mantissa bits (round half to
             # even for |v| < 2^22); done on the bits so that an overflowed iscale (inf or nan
@@ -143,12 +145,7 @@ def quantize_row_q8_K(out, x):
         ud = f32_bits(d)
         for j in range(4):
             out[bo + j] = np.uint8((ud >> np.uint32(8 * j)) & np.uint32(255))
-        for j in range(16):
-            s = np.int32(0)
-            for l in range(16):
-                s += np.int32(o8[bo + 4 + 16 * j + l])
-            out[bo + 260 + 2 * j] = np.uint8(s & 255)
-            out[bo + 261 + 2 * j] = np.uint8((s >> 8) & 255)
+        q8k_bsums(out, bo)
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,8 +24,12 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
+from llvmlite import ir
+from numba import types
+
 from .decorator import kernel
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
+from .simd import flat_args, ir_data, ir_f32_to_f16, ir_intrinsic
 
 _F32 = np.float32
 
@@ -188,16 +192,47 @@ def gelu_table() -> np.ndarray:
     return _GELU_TABLE[0]
 
 
+@ir_intrinsic(lambda out, gate, up, table, i: types.void(out, gate, up, table, types.intp)
+              if flat_args(out, gate, up, table) else None)
+def geglu16(context, builder, sig, args):
+    """out[i + l] for l < 16 (flat float32 offsets; 1-D rows): ggml_vec_geglu_f32's scalar loop on
+    16 lanes at once. gate rounded to F16 (vcvtps2ph), its table entry fetched per lane, then
+    per lane: 0 where gate <= -10, gate * up where gate >= 10, else table * up (NaN: table)."""
+    f32 = ir.FloatType()
+    o, g, u, tab = (ir_data(context, builder, t, v, f32) for t, v in zip(sig.args[:4], args[:4]))
+    i = args[4]
+    v16f = ir.VectorType(f32, 16)
+
+    def load16(p):
+        return builder.load(builder.bitcast(builder.gep(p, [i]), v16f.as_pointer()), align=4)
+
+    x, up = load16(g), load16(u)
+    idx = builder.zext(ir_f32_to_f16(builder, x), ir.VectorType(ir.IntType(32), 16))
+    t = ir.Constant(v16f, ir.Undefined)
+    for lane in range(16):
+        at = builder.extract_element(idx, ir.Constant(ir.IntType(32), lane))
+        t = builder.insert_element(t, builder.load(builder.gep(tab, [at])), ir.Constant(ir.IntType(32), lane))
+    big = builder.fcmp_ordered(">=", x, ir.Constant(v16f, [10.0] * 16))
+    y = builder.fmul(builder.select(big, x, t), up)
+    y = builder.select(builder.fcmp_ordered("<=", x, ir.Constant(v16f, [-10.0] * 16)), ir.Constant(v16f, [0.0] * 16), y)
+    builder.store(y, builder.bitcast(builder.gep(o, [i]), v16f.as_pointer()), align=4)
+
+
 @kernel
 def _geglu_row(out, gate, up, table, t):
-    for i in range(gate.shape[1]):
-        x = gate[t, i]
+    m = gate.shape[1]
+    m16 = m - m % 16
+    o, g, u = out[t], gate[t], up[t]
+    for i in range(0, m16, 16):
+        geglu16(o, g, u, table, i)
+    for i in range(m16, m):
+        x = g[i]
         if x <= _F32(-10.0):
-            out[t, i] = _F32(0.0)
+            o[i] = _F32(0.0)
         elif x >= _F32(10.0):
-            out[t, i] = x * up[t, i]
+            o[i] = x * u[i]
         else:
-            out[t, i] = table[f32_to_f16_bits(x, f32_bits(x))] * up[t, i]
+            o[i] = table[f32_to_f16_bits(x, f32_bits(x))] * u[i]
 
 
 @kernel(parallel=True)
@@ -230,21 +265,55 @@ def _rms_norm_row(out, x, w, eps, t):
     for i in range(m):
         v = x[t, i]
         s += np.float64(v * v)
+    _rms_scale_row(out, x, w, eps, t, s)
+
+
+@kernel(inline="always")
+def _rms_scale_row(out, x, w, eps, t, s):
+    """out[t] = (x[t] * scale) * w, scale = 1 / sqrt((float)(s / m) + eps) from the row's sum s."""
+    m = x.shape[1]
     mean = _F32(s / m)
     scale = _F32(1.0) / math.sqrt(mean + eps)
     for i in range(m):
         out[t, i] = (x[t, i] * scale) * w[i]
 
 
+@kernel
+def _rms_norm_rows4(out, x, w, eps, t):
+    """_rms_norm_row for rows t..t+3: their four sums side by side (each still in index order, a
+    chain of double adds whose latency one row alone waits on)."""
+    m = x.shape[1]
+    s0 = s1 = s2 = s3 = 0.0
+    for i in range(m):
+        v0, v1, v2, v3 = x[t, i], x[t + 1, i], x[t + 2, i], x[t + 3, i]
+        s0 += np.float64(v0 * v0)
+        s1 += np.float64(v1 * v1)
+        s2 += np.float64(v2 * v2)
+        s3 += np.float64(v3 * v3)
+    _rms_scale_row(out, x, w, eps, t, s0)
+    _rms_scale_row(out, x, w, eps, t + 1, s1)
+    _rms_scale_row(out, x, w, eps, t + 2, s2)
+    _rms_scale_row(out, x, w, eps, t + 3, s3)
+
+
 @kernel(parallel=True)
 def _rms_norm_par(out, x, w, eps):
-    for t in prange(x.shape[0]):
-        _rms_norm_row(out, x, w, eps, np.int64(t))  # (int64 as in _rms_norm_ser: one compiled row function)
+    n = x.shape[0]
+    n4 = n // 4
+    for g in prange(n4 + n % 4):
+        if g < n4:
+            _rms_norm_rows4(out, x, w, eps, np.int64(4 * g))
+        else:
+            _rms_norm_row(out, x, w, eps, np.int64(4 * n4 + g - n4))  # (int64 as in _rms_norm_ser)
 
 
 @kernel
 def _rms_norm_ser(out, x, w, eps):
-    for t in range(x.shape[0]):
+    n = x.shape[0]
+    n4 = n - n % 4
+    for t in range(0, n4, 4):
+        _rms_norm_rows4(out, x, w, eps, t)
+    for t in range(n4, n):
         _rms_norm_row(out, x, w, eps, t)
 
 

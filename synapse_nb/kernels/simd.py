@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
-_I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
 # Activation rows per pass of the multi-row dots (rows_dot_*: legacy.py, kquants.py): their
 # accumulators, 8 float32 per row, live on the stack.
@@ -241,6 +241,29 @@ def ir_f16_vec_to_f32(builder, h16):
         n = h16.type.count
         return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)), ir.VectorType(_F32, n))
     return ir_f16_to_f32_portable(builder, h16)
+
+
+def ir_f32_to_f16(builder, f):
+    """<n x float> -> <n x i16> F16 bits, round to nearest even: GGML_CPU_FP32_TO_FP16, vcvtps2ph
+    (imm 0) with F16C, else scalar.f32_to_f16_bits per lane in integer IR (overflow -> inf,
+    subnormals rounded, NaN -> quiet NaN keeping the top payload bits)."""
+    n = f.type.count
+    vi, vf = ir.VectorType(_I32, n), ir.VectorType(_F32, n)
+    if HAS_F16C:
+        return builder.bitcast(builder.fptrunc(f, ir.VectorType(ir.HalfType(), n)), ir.VectorType(_I16, n))
+    c = lambda v: ir.Constant(vi, [v] * n)  # noqa: E731
+    u = builder.bitcast(f, vi)
+    sign = builder.and_(builder.lshr(u, c(16)), c(0x8000))
+    a = builder.and_(u, c(0x7FFFFFFF))
+    nan_r = builder.or_(c(0x7E00), builder.and_(builder.lshr(a, c(13)), c(0x3FF)))
+    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), f"llvm.rint.v{n}f32")
+    sub_r = builder.fptoui(builder.call(rint, [builder.fmul(builder.bitcast(a, vf), ir.Constant(vf, [16777216.0] * n))]), vi)
+    a2 = builder.sub(a, c(0x38000000))
+    norm_r = builder.lshr(builder.add(builder.add(a2, c(0xFFF)), builder.and_(builder.lshr(a2, c(13)), c(1))), c(13))
+    r = builder.select(builder.icmp_unsigned("<", a, c(0x38800000)), sub_r, norm_r)
+    r = builder.select(builder.icmp_unsigned(">=", a, c(0x477FF000)), c(0x7C00), r)
+    r = builder.select(builder.icmp_unsigned(">", a, c(0x7F800000)), nan_r, r)
+    return builder.trunc(builder.or_(sign, r), ir.VectorType(_I16, n))
 
 
 def ir_nibbles64(builder, p0, p1):
@@ -537,3 +560,26 @@ def ir_shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, a if b is None else b, ir.Constant(ir.VectorType(_I32, len(idx)), list(idx)))
 
 
+# F16 conversion of 16 values at a time (activations ggml converts to F16: the attention query, the KV
+# cache entries)
+
+@ir_intrinsic(lambda dst, do, src, so: types.void(dst, types.intp, src, types.intp) if flat_args(dst, src) else None)
+def f16_round16(context, builder, sig, args):
+    """dst[do + j] = float32(F16(src[so + j])) for j < 16 (flat float32 offsets): ggml's
+    fp32 -> fp16 conversion of an activation that a later op reads back as float (exact)."""
+    d, s = ir_data(context, builder, sig.args[0], args[0], _F32), ir_data(context, builder, sig.args[2], args[2], _F32)
+    v16f = ir.VectorType(_F32, 16)
+    x = builder.load(builder.bitcast(builder.gep(s, [args[3]]), v16f.as_pointer()), align=4)
+    y = ir_f16_vec_to_f32(builder, ir_f32_to_f16(builder, x))
+    builder.store(y, builder.bitcast(builder.gep(d, [args[1]]), v16f.as_pointer()), align=4)
+
+
+@ir_intrinsic(lambda dst, do, src, so: types.void(dst, types.intp, src, types.intp) if flat_args(dst, src) else None)
+def f16_bits16(context, builder, sig, args):
+    """dst[do + j] = F16 bits of src[so + j] for j < 16 (dst uint16, src float32; flat offsets):
+    GGML_CPU_FP32_TO_FP16 on 16 values."""
+    d = ir_data(context, builder, sig.args[0], args[0], _I16)
+    s = ir_data(context, builder, sig.args[2], args[2], _F32)
+    x = builder.load(builder.bitcast(builder.gep(s, [args[3]]), ir.VectorType(_F32, 16).as_pointer()), align=4)
+    builder.store(ir_f32_to_f16(builder, x), builder.bitcast(builder.gep(d, [args[1]]), ir.VectorType(_I16, 16).as_pointer()),
+                  align=2)
