@@ -92,3 +92,35 @@ def test_geglu_portable_f16_rounding(monkeypatch):
         row(out, gate, up, ops.gelu_table(), t)
     assert "half" not in next(iter(row.inspect_llvm().values()))  # no fptrunc to half: the integer path
     assert np.array_equal(out.view(np.uint32), _geglu_ref(gate, up).view(np.uint32))
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_vector_steps_equal_rotate_pairs(neox):
+    """rope_rows' 16-pair vector steps (rope16_neox / rope16_pairs) and its scalar tail give the
+    bits of ggml's rotate_pairs loop, transcribed one pair at a time (the first product fused:
+    fma(x0, cos, -(x1*sin)), fma(x0, sin, x1*cos)), for n_dims with and without a tail and
+    dims past n_dims left alone."""
+    from numba import njit
+
+    from synapse_nb.kernels.scalar import fma32
+
+    @njit
+    def ref(x, cache, n_heads, head_dim, n_dims, neox):
+        for t in range(x.shape[0]):
+            for h in range(n_heads):
+                base = h * head_dim
+                for i0 in range(0, n_dims, 2):
+                    a, b = (base + i0 // 2, base + i0 // 2 + n_dims // 2) if neox else (base + i0, base + i0 + 1)
+                    c, s = cache[t, i0], cache[t, i0 + 1]
+                    x0, x1 = x[t, a], x[t, b]
+                    x[t, a] = fma32(x0, c, -(x1 * s))
+                    x[t, b] = fma32(x0, s, x1 * c)
+
+    rng = np.random.default_rng(8)
+    for n_rows, n_heads, head_dim, n_dims in ((3, 2, 64, 64), (1, 4, 256, 256), (2, 3, 96, 80), (5, 2, 128, 36)):
+        x = (rng.standard_normal((n_rows, n_heads * head_dim)) * 10).astype(np.float32)
+        cache = rng.uniform(-1, 1, (n_rows, n_dims)).astype(np.float32)
+        y, want = x.copy(), x.copy()
+        ops.rope_rows(y, cache, n_heads, head_dim, n_dims, neox)
+        ref(want, cache, n_heads, head_dim, n_dims, neox)
+        assert np.array_equal(y.view(np.uint32), want.view(np.uint32))

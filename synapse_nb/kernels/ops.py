@@ -26,6 +26,7 @@ from numba import prange
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 
 from .decorator import kernel
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
@@ -400,24 +401,78 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
             theta = theta * theta_scale
 
 
+def _rope16_emit(context, builder, sig, args, neox):
+    """16 pairs of rotate_pairs from cache pair i0 on (see rope16_neox / rope16_pairs)."""
+    f32 = ir.FloatType()
+    v16f, v32f = ir.VectorType(f32, 16), ir.VectorType(f32, 32)
+    x, cache = ir_data(context, builder, sig.args[0], args[0], f32), ir_data(context, builder, sig.args[-2], args[-2], f32)
+    even = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(0, 32, 2)))
+    odd = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(1, 32, 2)))
+
+    def load(p, off, ty):
+        return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=4)
+
+    def store(v, p, off):
+        builder.store(v, builder.bitcast(builder.gep(p, [off]), v.type.as_pointer()), align=4)
+
+    cs = load(cache, args[-1], v32f)
+    c, s = builder.shuffle_vector(cs, cs, even), builder.shuffle_vector(cs, cs, odd)
+    if neox:
+        x0, x1 = load(x, args[1], v16f), load(x, args[2], v16f)
+    else:
+        xx = load(x, args[1], v32f)
+        x0, x1 = builder.shuffle_vector(xx, xx, even), builder.shuffle_vector(xx, xx, odd)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+    y0 = builder.call(fma, [x0, c, builder.fneg(builder.fmul(x1, s))])  # x0*cos - x1*sin, the first product fused
+    y1 = builder.call(fma, [x0, s, builder.fmul(x1, c)])  # x0*sin + x1*cos
+    if neox:
+        store(y0, x, args[1])
+        store(y1, x, args[2])
+    else:
+        store(builder.shuffle_vector(y0, y1, ir.Constant(ir.VectorType(ir.IntType(32), 32),
+                                                         [j // 2 + 16 * (j % 2) for j in range(32)])), x, args[1])
+
+
+@ir_intrinsic(lambda x, a, b, cache, i0: types.void(x, types.intp, types.intp, cache, types.intp)
+              if flat_args(x, cache) else None)
+def rope16_neox(context, builder, sig, args):
+    """NEOX rotate_pairs of 16 pairs: x[a + j], x[b + j] (flat float32 offsets) by the cos/sin
+    pairs cache[i0 + 2j], cache[i0 + 2j + 1], j < 16, in place (_rope_head's operations)."""
+    _rope16_emit(context, builder, sig, args, True)
+
+
+@ir_intrinsic(lambda x, a, cache, i0: types.void(x, types.intp, cache, types.intp) if flat_args(x, cache) else None)
+def rope16_pairs(context, builder, sig, args):
+    """Normal-mode rotate_pairs of 16 pairs: (x[a + 2j], x[a + 2j + 1]) by cache[i0 + 2j],
+    cache[i0 + 2j + 1], j < 16, in place (_rope_head's operations)."""
+    _rope16_emit(context, builder, sig, args, False)
+
+
 @kernel
 def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
     t = th // n_heads
     base = (th % n_heads) * head_dim
     half = n_dims // 2
-    for i0 in range(0, n_dims, 2):
-        c = cache[t, i0]
-        s = cache[t, i0 + 1]
+    xt, ct = x[t], cache[t]
+    n32 = n_dims - n_dims % 32  # 16 pairs per vector step, the rest one by one
+    for i0 in range(0, n32, 32):
+        if neox:
+            rope16_neox(xt, base + i0 // 2, base + i0 // 2 + half, ct, i0)
+        else:
+            rope16_pairs(xt, base + i0, ct, i0)
+    for i0 in range(n32, n_dims, 2):
+        c = ct[i0]
+        s = ct[i0 + 1]
         if neox:
             a = base + i0 // 2
             b = a + half
         else:
             a = base + i0
             b = a + 1
-        x0 = x[t, a]
-        x1 = x[t, b]
-        x[t, a] = fma32(x0, c, -(x1 * s))
-        x[t, b] = fma32(x0, s, x1 * c)
+        x0 = xt[a]
+        x1 = xt[b]
+        xt[a] = fma32(x0, c, -(x1 * s))
+        xt[b] = fma32(x0, s, x1 * c)
 
 
 @kernel(parallel=True)
