@@ -53,7 +53,7 @@ from numba.extending import intrinsic
 from .decorator import kernel
 from .ops import EXPF_C1, EXPF_C2, EXPF_C3, EXPF_C4, EXPF_C5, EXPF_LN2_HI, EXPF_LN2_LO, EXPF_LOG2E
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32
-from .simd import HAS_F16C, f16_bits16, f16_round16, ir_f16_to_f32_portable, ir_f32_to_f16, ir_prefetch, ir_reduce_add_16
+from .simd import f16_bits16, f16_round16, ir_f16_vec_to_f32, ir_f32_to_f16, ir_prefetch, ir_reduce_add_16
 
 _F32 = np.float32
 
@@ -289,10 +289,7 @@ def _fma16(builder, a, b, c):
 
 def _f16x16(builder, base, off):
     """16 F16 bits at base[off] (i16*) -> <16 x float>, exact (vcvtph2ps with F16C)."""
-    v = builder.load(builder.bitcast(builder.gep(base, [off]), _V16H.as_pointer()), align=2)
-    if HAS_F16C:
-        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _V16F)
-    return ir_f16_to_f32_portable(builder, v)
+    return ir_f16_vec_to_f32(builder, builder.load(builder.bitcast(builder.gep(base, [off]), _V16H.as_pointer()), align=2))
 
 
 def _bcast16(builder, base, off):
@@ -574,11 +571,7 @@ def sm_round(typingctx, sc, so, n, inv):
         with cgutils.for_range(builder, _chunks(builder, nv)) as loop:
             off = builder.mul(loop.index, loop.index.type(16))
             h = ir_f32_to_f16(builder, builder.fmul(_vload(builder, sp, off), vinv))
-            if HAS_F16C:
-                fv = builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F)
-            else:
-                fv = ir_f16_to_f32_portable(builder, h)
-            _vstore(builder, fv, sp, off)
+            _vstore(builder, ir_f16_vec_to_f32(builder, h), sp, off)
         return context.get_dummy_value()
 
     return sig, codegen

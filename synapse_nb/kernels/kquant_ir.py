@@ -17,7 +17,7 @@ from .scalar import IQ4NL_TABLE_U8
 from . import simd
 from .simd import (flat_args, ir_bytes, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32,
                    ir_intrinsic, ir_lanes, ir_lanes_portable, ir_load, ir_lookup_nibbles32, ir_prefetch_rows_ahead,
-                   ir_shuffle, ir_splat, ir_splat_const, ir_vec, ir_vpdpbusd, ir_word)
+                   ir_shuffle, ir_splat, ir_splat_const, ir_store, ir_vec, ir_vpdpbusd, ir_word)
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
@@ -222,10 +222,9 @@ def q8k_bsums(context, builder, sig, args):
     while gs > 1:  # each group's first half plus its second half, until one value per group
         half = gs // 2
         lo = [(j // half) * gs + j % half for j in range(16 * half)]
-        v = builder.add(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16 * half), lo)),
-                        builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16 * half), [i + half for i in lo])))
+        v = builder.add(ir_shuffle(builder, v, None, lo), ir_shuffle(builder, v, None, [i + half for i in lo]))
         gs = half
-    builder.store(v, builder.bitcast(builder.gep(p, [ir.Constant(_I32, 260)]), ir.VectorType(i16, 16).as_pointer()), align=1)
+    ir_store(builder, v, builder.gep(p, [ir.Constant(_I32, 260)]))
 
 
 @ir_intrinsic(lambda qb, qo, w, wo: types.void(qb, types.intp, w, types.intp))
@@ -455,7 +454,7 @@ def make_rows2_step(mins):
                 return ir_data(context, builder, t[k], v, elt)
 
             def vload(p, off, ty):
-                return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
+                return ir_load(builder, builder.gep(p, [off]), ty.count, ty.element)
 
             def c64(x):
                 return ir.Constant(i64, x)

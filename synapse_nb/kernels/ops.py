@@ -22,15 +22,13 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import prange
-
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.core import cgutils
 
 from .decorator import kernel
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32, u32_as_f32
-from .simd import flat_args, ir_data, ir_f32_to_f16, ir_intrinsic
+from .simd import flat_args, ir_data, ir_f32_to_f16, ir_intrinsic, ir_load, ir_shuffle, ir_store
 
 _F32 = np.float32
 
@@ -203,11 +201,7 @@ def geglu16(context, builder, sig, args):
     o, g, u, tab = (ir_data(context, builder, t, v, f32) for t, v in zip(sig.args[:4], args[:4]))
     i = args[4]
     v16f = ir.VectorType(f32, 16)
-
-    def load16(p):
-        return builder.load(builder.bitcast(builder.gep(p, [i]), v16f.as_pointer()), align=4)
-
-    x, up = load16(g), load16(u)
+    x, up = ir_load(builder, builder.gep(g, [i]), 16, f32, align=4), ir_load(builder, builder.gep(u, [i]), 16, f32, align=4)
     idx = builder.zext(ir_f32_to_f16(builder, x), ir.VectorType(ir.IntType(32), 16))
     t = ir.Constant(v16f, ir.Undefined)
     for lane in range(16):
@@ -216,7 +210,7 @@ def geglu16(context, builder, sig, args):
     big = builder.fcmp_ordered(">=", x, ir.Constant(v16f, [10.0] * 16))
     y = builder.fmul(builder.select(big, x, t), up)
     y = builder.select(builder.fcmp_ordered("<=", x, ir.Constant(v16f, [-10.0] * 16)), ir.Constant(v16f, [0.0] * 16), y)
-    builder.store(y, builder.bitcast(builder.gep(o, [i]), v16f.as_pointer()), align=4)
+    ir_store(builder, y, builder.gep(o, [i]), align=4)
 
 
 @kernel
@@ -404,24 +398,23 @@ def rope_cache(out, pos, n_dims, theta_scale, freq_scale, freq_factors, ext_fact
 def _rope16_emit(context, builder, sig, args, neox):
     """16 pairs of rotate_pairs from cache pair i0 on (see rope16_neox / rope16_pairs)."""
     f32 = ir.FloatType()
-    v16f, v32f = ir.VectorType(f32, 16), ir.VectorType(f32, 32)
+    v16f = ir.VectorType(f32, 16)
     x, cache = ir_data(context, builder, sig.args[0], args[0], f32), ir_data(context, builder, sig.args[-2], args[-2], f32)
-    even = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(0, 32, 2)))
-    odd = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(1, 32, 2)))
+    even, odd = range(0, 32, 2), range(1, 32, 2)
 
-    def load(p, off, ty):
-        return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=4)
+    def load(p, off, n):
+        return ir_load(builder, builder.gep(p, [off]), n, f32, align=4)
 
     def store(v, p, off):
-        builder.store(v, builder.bitcast(builder.gep(p, [off]), v.type.as_pointer()), align=4)
+        ir_store(builder, v, builder.gep(p, [off]), align=4)
 
-    cs = load(cache, args[-1], v32f)
-    c, s = builder.shuffle_vector(cs, cs, even), builder.shuffle_vector(cs, cs, odd)
+    cs = load(cache, args[-1], 32)
+    c, s = ir_shuffle(builder, cs, None, even), ir_shuffle(builder, cs, None, odd)
     if neox:
-        x0, x1 = load(x, args[1], v16f), load(x, args[2], v16f)
+        x0, x1 = load(x, args[1], 16), load(x, args[2], 16)
     else:
-        xx = load(x, args[1], v32f)
-        x0, x1 = builder.shuffle_vector(xx, xx, even), builder.shuffle_vector(xx, xx, odd)
+        xx = load(x, args[1], 32)
+        x0, x1 = ir_shuffle(builder, xx, None, even), ir_shuffle(builder, xx, None, odd)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
     y0 = builder.call(fma, [x0, c, builder.fneg(builder.fmul(x1, s))])  # x0*cos - x1*sin, the first product fused
     y1 = builder.call(fma, [x0, s, builder.fmul(x1, c)])  # x0*sin + x1*cos
@@ -429,8 +422,7 @@ def _rope16_emit(context, builder, sig, args, neox):
         store(y0, x, args[1])
         store(y1, x, args[2])
     else:
-        store(builder.shuffle_vector(y0, y1, ir.Constant(ir.VectorType(ir.IntType(32), 32),
-                                                         [j // 2 + 16 * (j % 2) for j in range(32)])), x, args[1])
+        store(ir_shuffle(builder, y0, y1, [j // 2 + 16 * (j % 2) for j in range(32)]), x, args[1])
 
 
 @ir_intrinsic(lambda x, a, b, cache, i0: types.void(x, types.intp, types.intp, cache, types.intp)

@@ -103,9 +103,14 @@ stack_u8 = _stack_array(_I8, types.uint8, "uint8")
 # ---------------------------------------------------------------------------------------------
 
 def ir_load(builder, ptr_i8, n, elt=_I8, align=1):
-    """<n x elt> loaded from the i8* ptr_i8 (unaligned unless align says otherwise)."""
+    """<n x elt> loaded from the i8* ptr_i8 (any pointer; unaligned unless align says otherwise)."""
     vty = ir.VectorType(elt, n)
     return builder.load(builder.bitcast(ptr_i8, vty.as_pointer()), align=align)
+
+
+def ir_store(builder, v, ptr, align=1):
+    """Store the vector v at ptr (any pointer; unaligned unless align says otherwise)."""
+    builder.store(v, builder.bitcast(ptr, v.type.as_pointer()), align=align)
 
 
 def ir_splat(builder, val, n):
@@ -568,10 +573,8 @@ def f16_round16(context, builder, sig, args):
     """dst[do + j] = float32(F16(src[so + j])) for j < 16 (flat float32 offsets): ggml's
     fp32 -> fp16 conversion of an activation that a later op reads back as float (exact)."""
     d, s = ir_data(context, builder, sig.args[0], args[0], _F32), ir_data(context, builder, sig.args[2], args[2], _F32)
-    v16f = ir.VectorType(_F32, 16)
-    x = builder.load(builder.bitcast(builder.gep(s, [args[3]]), v16f.as_pointer()), align=4)
-    y = ir_f16_vec_to_f32(builder, ir_f32_to_f16(builder, x))
-    builder.store(y, builder.bitcast(builder.gep(d, [args[1]]), v16f.as_pointer()), align=4)
+    x = ir_load(builder, builder.gep(s, [args[3]]), 16, _F32, align=4)
+    ir_store(builder, ir_f16_vec_to_f32(builder, ir_f32_to_f16(builder, x)), builder.gep(d, [args[1]]), align=4)
 
 
 @ir_intrinsic(lambda dst, do, src, so: types.void(dst, types.intp, src, types.intp) if flat_args(dst, src) else None)
@@ -580,6 +583,5 @@ def f16_bits16(context, builder, sig, args):
     GGML_CPU_FP32_TO_FP16 on 16 values."""
     d = ir_data(context, builder, sig.args[0], args[0], _I16)
     s = ir_data(context, builder, sig.args[2], args[2], _F32)
-    x = builder.load(builder.bitcast(builder.gep(s, [args[3]]), ir.VectorType(_F32, 16).as_pointer()), align=4)
-    builder.store(ir_f32_to_f16(builder, x), builder.bitcast(builder.gep(d, [args[1]]), ir.VectorType(_I16, 16).as_pointer()),
-                  align=2)
+    x = ir_load(builder, builder.gep(s, [args[3]]), 16, _F32, align=4)
+    ir_store(builder, ir_f32_to_f16(builder, x), builder.gep(d, [args[1]]), align=2)
