@@ -174,6 +174,12 @@ class BlockFormat:
     # byte offsets in a block of its F16 scale fields (d, and dmin / m / s where there is one):
     # what a generator of random blocks must fill with finite values (tests, benchmarks)
     f16_fields: tuple[int, ...] = ()
+    # A matmul of up to this many activation rows runs the matvec driver (vec_dot4) for one row
+    # after another, each chunk's weights read from memory once (matmul.py): the same bits as the
+    # several-row kernel. Set where that kernel's per-block weight work costs more than a few
+    # rows' dots: the K-quants' rows_dot / rows_dot2 unpack every super-block for the batch
+    # (Qwen2.5's 896 x 4864 Q4_K, 2 threads: 2 rows 110 us against 217, 6 rows 317 against 331).
+    matvec_rows: int = 1
 
     @property
     def stem(self) -> str:
@@ -476,6 +482,7 @@ class _KQuant(BlockFormat):
 
     vec_dot_type = "Q8_K"
     kernels = "kquants"
+    matvec_rows = 8  # Q6_K 896 x 4864: 8 rows 545 us against rows_dot2's 603; Q4_K 420 against 393
 
 
 # K-quant weight formats: (name, offsets of its F16 d (and dmin) in a 256-value super-block);

@@ -185,6 +185,39 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
         assert np.array_equal(one[0].view(np.uint32), ref[t].view(np.uint32))
 
 
+@pytest.mark.parametrize("n_head,n_head_kv,hd,n_swa", [(9, 3, 64, 0), (4, 1, 256, 100), (14, 2, 64, 0)])
+def test_segments_kernel_rows_equal_each_sequence_alone(threads, n_head, n_head_kv, hd, n_swa):
+    """A ParallelSession step's decode rows in one call (segments_kernel: a parallel region over
+    the rows, each on its thread's scratch) against each row alone on its own slot, bit for bit, at
+    1 and 2 threads; the segments of several rows are left alone (NaN), as graph.layers runs them
+    by their own call."""
+    rng = np.random.default_rng(hd + n_swa)
+    n_ctx, n_slot, layer = 320, 5, 1
+    ks, vs = A.kv_shapes(n_ctx, n_head_kv, hd, hd)
+    kc = rng.standard_normal((n_slot, 2, *ks)).astype(np.float16).view(np.uint16)
+    vc = rng.standard_normal((n_slot, 2, *vs)).astype(np.float16).view(np.uint16)
+    scale = np.float32(1 / np.sqrt(hd))
+    ws = A.Workspace(n_ctx, n_head, n_head_kv, hd, hd)
+    # (first row, rows, slot, position): decode rows at positions across tiles and the window, a
+    # 3-row segment between them
+    segs = np.array([(0, 1, 3, 0), (1, 1, 0, 130), (2, 3, 1, 50), (5, 1, 4, 300), (6, 1, 2, 64)], np.int64)
+    segs = np.concatenate([segs, np.zeros((len(segs), 1), np.int64)], axis=1)
+    q = rng.standard_normal((7, n_head * hd)).astype(np.float32)
+    kern = A.segments_kernel(ws.plan)
+    for nt in (1, 2):
+        use_threads(nt)
+        out = np.full((7, n_head * hd), np.nan, np.float32)
+        kern(out, q, kc, vc, segs, layer, n_head, n_head_kv, scale, ws.buf, n_swa)
+        for r0, n, slot, pos, _ in segs:
+            if n != 1:
+                assert np.isnan(out[r0:r0 + n]).all()
+                continue
+            one = np.full((1, n_head * hd), np.nan, np.float32)
+            A.attention_rows(one, q[r0:r0 + 1], kc[slot, layer], vc[slot, layer], pos, n_head, n_head_kv, hd, hd,
+                             scale, ws, n_swa=n_swa)
+            assert np.array_equal(out[r0].view(np.uint32), one[0].view(np.uint32)), (r0, nt)
+
+
 def test_vector_softmax_paths_equal_per_lane_v_expf():
     """Scores whose exp leaves v_expf's common path (underflow to subnormals and to 0) in some
     lanes of a 16-lane chunk: the vector softmax takes v_expf's own branches for those lanes."""

@@ -159,8 +159,14 @@ class BoundWeight:
         matmul(out float32 [n, m], rows, a, n_scratch) with the parallel converter; for one row,
         the vec_dot4 / vec_dot driver matmul(out1, rows1, out2, rows2, out3, rows3, a, n_scratch)
         (up to three weights of this format and n_in; see matmul.Kernels) with the serial
-        converter (no parallel launch). Unchecked, like the methods."""
+        converter (no parallel launch). Unchecked, like the methods. (uses_matvec(n): whether a
+        batch of n rows is better run by the matvec driver, one row after another.)"""
         return (self._mv, self._act1) if n == 1 else (self._mm, self._act)
+
+    def uses_matvec(self, n):
+        """True when n activation rows run fastest through the matvec driver, row after row
+        (n <= the format's matvec_rows; the bits are the same either way)."""
+        return n <= self.fmt.matvec_rows
 
     def quantize(self, x):
         """x float32 [N, K] converted to this weight's vec_dot_type: uint8 [N, act_row_bytes]."""
@@ -171,7 +177,7 @@ class BoundWeight:
     def matmul_q(self, a, out):
         """out[N, M] = W . a for activations already converted by quantize() (of this weight or of
         one that shares_activation with it). Returns out."""
-        if a.shape[0] == 1:
+        if self.uses_matvec(a.shape[0]):
             none_out, none_rows = out[:0], self.rows[:0]
             self._mv(out, self.rows, none_out, none_rows, none_out, none_rows, a, self.n_scratch)
         else:

@@ -889,6 +889,41 @@ def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
 _ENTRIES = {}
 
 
+# Decode rows of several sequences (a ParallelSession step): one parallel region over the rows,
+# each row's _decode on its thread's own decode scratch (the last T decode parts of the buffer,
+# counted from its end), its loops serial: a row's items and their order are those of a decode
+# call alone, so its bits are too.
+_SEGS_ENTRY = """
+@kernel(parallel=True)
+def {name}(out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa):
+    hd_k, hd_v, nctx64 = kc.shape[4], vc.shape[5], kc.shape[3] * KT
+    nd = n_head * (hd_k + nctx64 + KT * hd_v)  # _ws_sizes' decode part
+    for s in prange(segs.shape[0]):
+        if segs[s, 1] == 1:
+            r0, slot = segs[s, 0], segs[s, 2]
+            o = ws.size - (get_thread_id() + 1) * nd
+            _decode(out[r0:r0 + 1], q[r0:r0 + 1], kc[slot, il], vc[slot, il], segs[s, 3], n_head, n_head_kv,
+                    kq_scale, ws[o:o + nd], n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
+"""
+
+
+def segments_kernel(plan):
+    """The kernel running the decode rows (segments of one row) of a several-sequence batch in
+    one parallel region: (out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa) with
+    kc, vc the slots' caches (uint16 [n_slot, n_layer, ...]), segs graph.layers' segment table
+    (rows of other lengths are skipped), il the layer, ws a Workspace's buf for plan. Each row's
+    output is bit for bit a decode call's (attention_rows) on its slot. Generated on first use,
+    as vector_kernel's entries."""
+    key = (tuple(plan), "segments")
+    fn = _ENTRIES.get(key)
+    if fn is None:
+        name = f"_decode_segs_{plan.tag}"
+        n64, qa, qb, pa, pb = plan
+        exec(compile(_SEGS_ENTRY.format(name=name, n64=n64, qa=qa, qb=qb, pa=pa, pb=pb), __file__, "exec"), globals())
+        fn = _ENTRIES[key] = globals()[name]
+    return fn
+
+
 def vector_kernel(plan, parallel, decode):
     """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
     its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
@@ -916,7 +951,8 @@ def vector_kernels_apply(head_dim_k, head_dim_v):
 class Workspace:
     """Scratch of the vector kernels for n_ctx positions (ForwardState holds one, so nothing is
     allocated per call): one float32 buffer, buf, holding a decode row's arrays and, per Numba
-    thread, a prefill item's (_ws_sizes); a few hundred KiB for the models we run. decode and
+    thread, a prefill item's and a decode row's (_ws_sizes; segments_kernel's rows); a few hundred
+    KiB for the models we run. decode and
     prefill(tid) are views of buf, for tests and benchmarks."""
 
     def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
@@ -930,7 +966,9 @@ class Workspace:
         vector = vector_kernels_apply(head_dim_k, head_dim_v)
         self.plan = VectorPlan(n_head // n_head_kv, R, head_dim_k // 64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
-        self.buf = np.zeros(nd + T * npt, np.float32)
+        # a decode part, a prefill part per thread, and a decode part per thread (segments_kernel;
+        # zero pages, committed only when a several-sequence step writes them)
+        self.buf = np.zeros(nd + T * npt + T * nd, np.float32)
 
     @property
     def decode(self):

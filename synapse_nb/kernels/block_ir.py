@@ -57,6 +57,27 @@ def make_block_lanes_fma(decode, offset):
     return block_lanes_fma
 
 
+@intrinsic
+def prefetch4_ahead(typingctx, w0, w1, w_off, block_bytes):
+    """Prefetch the stream of four adjacent weight rows (w0, w1: the first two of them, rows of
+    one 2-D array) ahead of a block step at byte offset w_off, as the matvec's block4_dot does
+    (simd.ir_prefetch_rows_ahead; block_bytes: a literal int, the format's block size). For a
+    matmul's several-row kernels (rows_dot8 / rows_dot4): once per weight block, however many
+    activation rows the block then serves. It changes no value."""
+    if not isinstance(block_bytes, types.IntegerLiteral):
+        return None
+    nbytes = block_bytes.literal_value
+    sig = types.void(w0, w1, types.intp, block_bytes)
+
+    def codegen(context, builder, signature, args):
+        p0, p1, wo, _ = args
+        wp = [builder.gep(ir_data(context, builder, signature.args[r], v), [wo]) for r, v in enumerate((p0, p1))]
+        ir_prefetch_rows_ahead(builder, wp, wo, nbytes)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True,
                     many_rows=False):
     """Build the four-row block intrinsic of a 32-value block format:

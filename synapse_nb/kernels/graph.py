@@ -33,13 +33,17 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # the batch's rows and for one row (a prefill batch's last layer after attention): the matmul
 # kernel and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
 # entry; else 0): 3 (2) when one row's matvecs of wq, wk, wv (gate, up) are one call of wq's
-# (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion.
-ENTRY_FIELDS = 11
-ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE = range(ENTRY_FIELDS)
+# (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion;
+# ROWS_MV: 1 when MM_N is the one-row (matvec) kernel, run on the batch's rows one after another
+# (a batch of a few rows of a format whose matvec_rows covers them: BoundWeight.uses_matvec).
+ENTRY_FIELDS = 12
+ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE, ROWS_MV = range(ENTRY_FIELDS)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns (SWIGLU: the FFN's
 # activation, the geglu kernel when the model's FFN is GEGLU):
-ROW_KERNELS = 5
-RMS, ROPE, SWIGLU, STORE, ATTN = range(ROW_KERNELS)
+# ATTN_SEGS (row 0 only; 0: none): the decode rows of a several-sequence batch in one call
+# (attention.segments_kernel), the other segments then one call each.
+ROW_KERNELS = 6
+RMS, ROPE, SWIGLU, STORE, ATTN, ATTN_SEGS = range(ROW_KERNELS)
 # The segment table: one row per sequence of a batch (its rows are consecutive): the first row, the
 # number of rows, the sequence's KV cache slot, the position of its first row, the attention kernel
 # for those rows (see Tables.attention).
@@ -65,11 +69,16 @@ SIGNATURES = {
     "store_kv": (_KV, _KV, _F2, _F2, types.int64),  # k_cache, v_cache, k, v, pos0
     # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace, sliding window (0: none)
     "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1, types.int64),
+    # out, q, k_caches, v_caches (all slots), segments, layer, n_head, n_head_kv, kq_scale, workspace, window
+    "attention_segs": (_F2, _F2, _KV6, _KV6, types.Array(types.int64, 2, "C"), types.int64, types.int64,
+                       types.int64, types.float32, _F1, types.int64),
 }
-KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "store_kv", "attention")
+KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "store_kv", "attention",
+         "attention_segs")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
 # at every call: ~27 us a forward for seven of them)
-_K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_GEGLU, _K_STORE, _K_ATTN = (kind(*SIGNATURES[k]) for k in KINDS)
+_K_MM, _K_MV, _K_CV, _K_RMS, _K_ROPE, _K_SWIGLU, _K_GEGLU, _K_STORE, _K_ATTN, _K_ATTN_SEGS = (
+    kind(*SIGNATURES[k]) for k in KINDS)
 
 
 class Block(NamedTuple):
@@ -130,7 +139,7 @@ def _matmul(e, one, out, x, abuf):
     if cv != 0:
         call_at(_K_CV, cv, a, x)
     w = weight_rows(e[ADDR], e[M], e[RB])
-    if one or n == 1:
+    if one or n == 1 or e[ROWS_MV] != 0:
         none = weight_rows(e[ADDR], 0, e[RB])
         call_at(_K_MV, e[MM_1] if one else e[MM_N], out, w, out[:0], none, out[:0], none, a, e[NSC])
     else:
@@ -279,8 +288,14 @@ def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, 
             call_at(_K_ATTN, rk[1, ATTN], attn, q, kc[slot, il], vc[slot, il], pos_q, n_head, n_head_kv, kq_scale, ws,
                     swa[il])
         else:
+            together = rk[0, ATTN_SEGS] != 0  # the decode rows in one parallel call
+            if together:
+                call_at(_K_ATTN_SEGS, rk[0, ATTN_SEGS], attn, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws,
+                        swa[il])
             for s in range(n_seg):
                 r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
+                if together and m == 1:
+                    continue
                 call_at(_K_ATTN, segs[s, SEG_ATTN], attn[r0:r0 + m], q[r0:r0 + m], kc[slot, il], vc[slot, il],
                         segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws, swa[il])
         # Output projection (+ bias)
@@ -363,9 +378,10 @@ class Tables:
         (multi) or one, with the one-row kernels filled in when last_row (a batch whose last layer
         continues with its last row; zero otherwise, and never read). n: the batch's rows; up to
         ops.SERIAL_ROWS, several rows are converted on the calling thread (the same bytes; a
-        ParallelSession step passes it, a Session's forward does not)."""
+        ParallelSession step passes it, a Session's forward does not), and a weight whose
+        format runs n rows faster by its matvec kernel gets that (ROWS_MV)."""
         small = bool(multi) and n is not None and n <= _ops.SERIAL_ROWS
-        key = (bool(multi), bool(last_row) and bool(multi), small)
+        key = (bool(multi), bool(last_row) and bool(multi), n if small else 0)
         t = self._mt.get(key)
         if t is None:
             t = np.zeros((len(self._layers), len(MATMULS), ENTRY_FIELDS), np.int64)
@@ -377,9 +393,13 @@ class Tables:
                     src = next(i for i in group if i <= j and ws[i].shares_activation(w))
                     t[il, j, :NSC + 1] = (w.rows.ctypes.data, w.m, w.rows.shape[1], w.act_row_bytes, src, w.n_scratch)
                     mm, cv = w.drivers(2 if multi else 1)
+                    rows_mv = small and w.uses_matvec(n)
                     if small:
                         cv = w.drivers(1)[1]  # the serial converter (same bytes per row)
-                    t[il, j, MM_N] = self._fn(mm, "matmul" if multi else "matvec")
+                    if rows_mv:
+                        mm = w.drivers(1)[0]
+                        t[il, j, ROWS_MV] = 1
+                    t[il, j, MM_N] = self._fn(mm, "matmul" if multi and not rows_mv else "matvec")
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
                         mm1, cv1 = w.drivers(1)
@@ -394,11 +414,14 @@ class Tables:
             self._mt[key] = t
         return t
 
-    def rows(self, ws, n, n_past, last_row, hp, serial_upto=1):
+    def rows(self, ws, n, n_past, last_row, hp, serial_upto=1, decode_rows=False):
         """int64 [2, ROW_KERNELS]: the row kernels for n rows at positions n_past.. (and for the
         last row of the last layer when last_row and n > 1; zero otherwise, and never read), the
-        attention kernel as attention_rows chooses it."""
+        attention kernel as attention_rows chooses it; with decode_rows (a batch of several
+        sequences, two or more of them one row each) and the vector kernels, ATTN_SEGS."""
         t = np.zeros((2, ROW_KERNELS), np.int64)
+        if decode_rows and ws.plan is not None:
+            t[0, ATTN_SEGS] = self._fn(_attn.segments_kernel(ws.plan), "attention_segs")
         variants = [(n, n_past)] + ([(1, n_past + n - 1)] if last_row and n > 1 else [])
         for r, (m, pos) in enumerate(variants):
             rows = _ops.row_kernels(m, serial_upto)

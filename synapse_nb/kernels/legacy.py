@@ -49,8 +49,8 @@ from llvmlite import ir
 from numba import carray
 
 from ..formats import format_of
-from .block_ir import (bf16x4_dot, float4_fma, make_block4_dot, make_block_dequant, make_block_lanes_fma, reduce16,
-                       reduce64)
+from .block_ir import (bf16x4_dot, float4_fma, make_block4_dot, make_block_dequant, make_block_lanes_fma,
+                       prefetch4_ahead, reduce16, reduce64)
 from .decorator import kernel
 from .scalar import IQ4NL_TABLE_U8, KVALUES_IQ4NL, as_f32, copy_u32, f16_le, f16_to_f32, fma32, u32_as_f32  # noqa: F401
 from .simd import (ROWS_GROUP, acc8_add, acc8_hsum, acc8_lane, acc8_zero, acc16_add, acc16_hsum,  # noqa: F401
@@ -266,9 +266,9 @@ _ROWS_DOT8 = '''
 @kernel
 def rows_dot8_{w}_{a}(y, m, w, a):
     """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 8 and every row n of a (bit for bit):
-    vec_dot4's block operation (_blk4m_{w}: without the prefetch) twice per activation row and
-    block, on rows m..m+3 and m+4..m+7, sharing the activation's loads and conversions; the weight
-    side of each block is computed once for all activation rows."""
+    vec_dot4's block operation (_blk4m_{w}: without its prefetch, done once per block here) twice
+    per activation row and block, on rows m..m+3 and m+4..m+7, sharing the activation's loads and
+    conversions; the weight side of each block is computed once for all activation rows."""
     nb = w.shape[1] // {WB}
     w0, w1, w2, w3 = w[m], w[m + 1], w[m + 2], w[m + 3]
     w4, w5, w6, w7 = w[m + 4], w[m + 5], w[m + 6], w[m + 7]
@@ -281,6 +281,10 @@ def rows_dot8_{w}_{a}(y, m, w, a):
             acc8_zero(ptr_offset(sums, 16 * n))
             acc8_zero(ptr_offset(sums, 16 * n + 8))
         for b in range(nb):
+            # the weights' stream ahead, once per block (the matvec's prefetch): a few activation
+            # rows make this kernel wait on memory, as a matvec does
+            prefetch4_ahead(w0, w1, b * {WB}, {WB})
+            prefetch4_ahead(w4, w5, b * {WB}, {WB})
             for n in range(ng):
                 an = a[np.uint64(g + n)]  # an unsigned index: no wraparound test per row
                 pa = ptr_offset(accs, 64 * n)
@@ -427,6 +431,7 @@ def rows_dot4_iq4_nl_q8_0(y, m, w, a):
         _zero16s(even, 2 * ng)  # rows 0..ng-1: 32 each
         _zero16s(odd, 2 * ng)
         for i in range(nb // 2):
+            prefetch4_ahead(w0, w1, 2 * i * 18, 36)  # two blocks a step (see rows_dot8)
             for n in range(ng):
                 e, o = ptr_offset(even, 32 * n), ptr_offset(odd, 32 * n)
                 _blk4m_iq4_nl(e, ptr_offset(e, 16), sums, w0, w1, w2, w3, 2 * i * 18, a[g + n], 2 * i * 34)

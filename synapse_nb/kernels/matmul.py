@@ -129,16 +129,22 @@ _MM_PAIRS = """        scratch = np.empty(n_scratch, np.int32)
 """
 
 
-def _row_groups(groups, single):
+def _row_groups(groups, single, per_row=False):
     """Driver source for the rows m0..m1 of a chunk: whole groups of each (width, call) in groups,
-    widest first, then the rows left one by one by ``single`` (calls written with m, resp. r)."""
-    src = "        m = m0\n"
+    widest first, then the rows left one by one by ``single`` (calls written with m, resp. r).
+    per_row: all that for each activation row n in turn (calls written with n too), the chunk's
+    weights read from memory once and from the cache for the next rows."""
+    src = ""
     for width, call in groups:
-        src += f"        while m + {width} <= m1:\n            {call}\n            m += {width}\n"
+        src += f"while m + {width} <= m1:\n    {call}\n    m += {width}\n"
     # the single-row calls' scratch, allocated only by a chunk that has such rows (an allocation
     # per chunk was ~10 % of a decode matvec of 576-value rows)
-    return src + (f"        if m < m1:\n            scratch = np.empty(n_scratch, np.int32)\n"
-                  f"            for r in range(m, m1):\n                {single}\n")
+    src += f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n        {single}\n"
+    if per_row:
+        src = "for n in range(a.shape[0]):\n    m = m0\n" + "".join(f"    {line}\n" for line in src.splitlines())
+    else:
+        src = "m = m0\n" + src
+    return "".join(f"        {line}\n" for line in src.splitlines())
 
 
 # Row dequantizer (get_rows / dequantize): out[i] = dequantize(w[ids[i]]).
@@ -186,8 +192,8 @@ def _build_tables():
         for fn in (dot, f"dequantize_row_{fmt.stem}"):
             if not hasattr(m_, fn):  # a format registered without its row functions
                 raise ImportError(f"synapse_nb.kernels.{mod} has no {fn} (formats.{fmt.name}.kernels)")
-        one = _row_groups([(4, f"{mod}.{dot4}(y[0], m, w, a[0])")] if hasattr(m_, dot4) else [],
-                          f"y[0, r] = {mod}.{dot}(w[r], a[0], scratch)")
+        one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else [],
+                          f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
         if hasattr(m_, rows):
             wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
             many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
