@@ -24,3 +24,11 @@ def compile_attention(model: Model, s: Session, kinds) -> None:
     hp = model.hparams
     _attn.compile_kernels(s.cache.k[0], s.cache.v[0], hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
                           model._kq_scale, s.state.attn_ws, kinds)
+
+
+def compile_segments(model: Model, s: Session) -> None:
+    """Compile (or load) the attention kernel of several sequences' decode rows (a ParallelSession
+    step: attention.segments_kernel), as graph.layers calls it; nothing runs."""
+    from ..kernels.ops import SERIAL_ROWS
+
+    model._graph_tables().rows(s.state.attn_ws, 2, 0, False, model.hparams, SERIAL_ROWS, decode_rows=True)

@@ -13,7 +13,7 @@ from ..kernels import attention as _attn
 from ..model import Model
 from ..session import DEFAULT_N_BATCH, default_n_ctx
 from . import helper as helper_process
-from .forwards import compile_attention, warmup_session
+from .forwards import compile_attention, compile_segments, warmup_session
 
 
 def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
@@ -94,6 +94,8 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         ("batched forward (parallel kernels)", run_batched) if batched else None,
         ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
         ("attention kernels", lambda: compile_attention(model, s, rest)) if rest else None,
+        # every kernel: a server's too (several sequences decoding in one step)
+        ("several sequences' attention", lambda: compile_segments(model, s)) if n_prompt is None else None,
     ]
     steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):
