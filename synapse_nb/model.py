@@ -240,20 +240,24 @@ class Model:
         hp = self.hparams
         tabs = self._graph_tables()
         n = len(tokens)
-        segs = np.empty((len(segments), _graph.SEG_FIELDS), np.int64)
-        pos = np.empty(n, np.int64)
-        r0 = 0
-        for i, (slot, n_past, count) in enumerate(segments):
-            segs[i] = (r0, count, slot, n_past, tabs.attention(st.attn_ws, count, n_past, hp))
-            pos[r0:r0 + count] = np.arange(n_past, n_past + count)
-            r0 += count
         out_rows = np.asarray(out_rows, np.int64)
         # one sequence whose last row alone is wanted: its last layer goes on with that row (as forward)
         last_row = len(segments) == 1 and n > 1 and out_rows.tolist() == [n - 1]
         # a few rows: row kernels and conversions on this thread (ops.SERIAL_ROWS; the same bits)
         # two or more sequences of one row (decoding): their attention in one parallel call
         decode_rows = sum(count == 1 for _, _, count in segments) >= 2
-        rk = tabs.rows(st.attn_ws, n, int(segs[0, _graph.SEG_POS]), last_row, hp, _ops.SERIAL_ROWS, decode_rows)
+        rk = tabs.rows(st.attn_ws, n, int(segments[0][1]), last_row, hp, _ops.SERIAL_ROWS, decode_rows)
+        together = rk[0, _graph.ATTN_SEGS] != 0
+        segs = np.empty((len(segments), _graph.SEG_FIELDS), np.int64)
+        pos = np.empty(n, np.int64)
+        r0 = 0
+        for i, (slot, n_past, count) in enumerate(segments):
+            # a row the ATTN_SEGS call attends needs no kernel of its own (none looked up: that
+            # could compile one)
+            attn = 0 if together and count == 1 else tabs.attention(st.attn_ws, count, n_past, hp)
+            segs[i] = (r0, count, slot, n_past, attn)
+            pos[r0:r0 + count] = np.arange(n_past, n_past + count)
+            r0 += count
         x = self._run_layers(st, k_slots, v_slots, tokens, pos, segs, tabs.matmuls(n > 1, last_row, n), rk,
                              len(out_rows) > 0, not last_row)
         if len(out_rows) == 0:

@@ -7,6 +7,7 @@ Shared by the warm-up (synapse_nb.compilation.warmup) and its helper process
 from __future__ import annotations
 
 from ..kernels import attention as _attn
+from ..kernels.ops import SERIAL_ROWS
 from ..model import Model
 from ..session import Session
 
@@ -29,6 +30,4 @@ def compile_attention(model: Model, s: Session, kinds) -> None:
 def compile_segments(model: Model, s: Session) -> None:
     """Compile (or load) the attention kernel of several sequences' decode rows (a ParallelSession
     step: attention.segments_kernel), as graph.layers calls it; nothing runs."""
-    from ..kernels.ops import SERIAL_ROWS
-
     model._graph_tables().rows(s.state.attn_ws, 2, 0, False, model.hparams, SERIAL_ROWS, decode_rows=True)

@@ -896,8 +896,7 @@ _ENTRIES = {}
 _SEGS_ENTRY = """
 @kernel(parallel=True)
 def {name}(out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa):
-    hd_k, hd_v, nctx64 = kc.shape[4], vc.shape[5], kc.shape[3] * KT
-    nd = n_head * (hd_k + nctx64 + KT * hd_v)  # _ws_sizes' decode part
+    nd = _ws_sizes_nb(n_head, n_head_kv, kc.shape[4], vc.shape[5], kc.shape[3] * KT)[0]
     for s in prange(segs.shape[0]):
         if segs[s, 1] == 1:
             r0, slot = segs[s, 0], segs[s, 2]
@@ -914,12 +913,18 @@ def segments_kernel(plan):
     (rows of other lengths are skipped), il the layer, ws a Workspace's buf for plan. Each row's
     output is bit for bit a decode call's (attention_rows) on its slot. Generated on first use,
     as vector_kernel's entries."""
-    key = (tuple(plan), "segments")
+    return _generated((tuple(plan), "segments"), _SEGS_ENTRY, f"_decode_segs_{plan.tag}", plan)
+
+
+def _generated(key, template, name, plan, **fields):
+    """The entry of _ENTRIES under key: template's function `name` with plan's literals (and
+    fields) filled in, compiled under this file's name on the first call (so that Numba's cache
+    finds it again in a new process)."""
     fn = _ENTRIES.get(key)
     if fn is None:
-        name = f"_decode_segs_{plan.tag}"
         n64, qa, qb, pa, pb = plan
-        exec(compile(_SEGS_ENTRY.format(name=name, n64=n64, qa=qa, qb=qb, pa=pa, pb=pb), __file__, "exec"), globals())
+        src = template.format(name=name, n64=n64, qa=qa, qb=qb, pa=pa, pb=pb, **fields)
+        exec(compile(src, __file__, "exec"), globals())
         fn = _ENTRIES[key] = globals()[name]
     return fn
 
@@ -931,16 +936,10 @@ def vector_kernel(plan, parallel, decode):
     Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
     or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
     the four it uses, each for its model's query counts only."""
-    key = (tuple(plan), bool(parallel), bool(decode))
-    fn = _ENTRIES.get(key)
-    if fn is None:
-        impl = "_decode" if decode else ("_prefill_par" if parallel else "_prefill_ser")
-        name = f"_{'decode' if decode else 'prefill'}_{'par' if parallel else 'ser'}_{plan.tag}"
-        n64, qa, qb, pa, pb = plan
-        src = _ENTRY.format(name=name, impl=impl, parallel=bool(parallel), n64=n64, qa=qa, qb=qb, pa=pa, pb=pb)
-        exec(compile(src, __file__, "exec"), globals())
-        fn = _ENTRIES[key] = globals()[name]
-    return fn
+    impl = "_decode" if decode else ("_prefill_par" if parallel else "_prefill_ser")
+    name = f"_{'decode' if decode else 'prefill'}_{'par' if parallel else 'ser'}_{plan.tag}"
+    return _generated((tuple(plan), bool(parallel), bool(decode)), _ENTRY, name, plan, impl=impl,
+                      parallel=bool(parallel))
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
@@ -952,8 +951,7 @@ class Workspace:
     """Scratch of the vector kernels for n_ctx positions (ForwardState holds one, so nothing is
     allocated per call): one float32 buffer, buf, holding a decode row's arrays and, per Numba
     thread, a prefill item's and a decode row's (_ws_sizes; segments_kernel's rows); a few hundred
-    KiB for the models we run. decode and
-    prefill(tid) are views of buf, for tests and benchmarks."""
+    KiB for the models we run. decode and prefill(tid) are views of buf, for tests and benchmarks."""
 
     def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
         import numba

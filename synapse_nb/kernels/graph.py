@@ -392,14 +392,12 @@ class Tables:
                     group = (WQ, WK, WV) if j <= WV else (WGATE, WUP) if j in (WGATE, WUP) else (j,)
                     src = next(i for i in group if i <= j and ws[i].shares_activation(w))
                     t[il, j, :NSC + 1] = (w.rows.ctypes.data, w.m, w.rows.shape[1], w.act_row_bytes, src, w.n_scratch)
-                    mm, cv = w.drivers(2 if multi else 1)
                     rows_mv = small and w.uses_matvec(n)
-                    if small:
-                        cv = w.drivers(1)[1]  # the serial converter (same bytes per row)
-                    if rows_mv:
-                        mm = w.drivers(1)[0]
-                        t[il, j, ROWS_MV] = 1
-                    t[il, j, MM_N] = self._fn(mm, "matmul" if multi and not rows_mv else "matvec")
+                    mv = not multi or rows_mv  # the one-row (matvec) kernel
+                    mm = w.drivers(1 if mv else 2)[0]
+                    cv = w.drivers(2 if multi and not small else 1)[1]  # small: the serial converter (same bytes)
+                    t[il, j, ROWS_MV] = rows_mv
+                    t[il, j, MM_N] = self._fn(mm, "matvec" if mv else "matmul")
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
                         mm1, cv1 = w.drivers(1)
