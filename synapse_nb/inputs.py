@@ -37,7 +37,7 @@ PROMPT_BYTES_MAX = 256 << 20
 def prompt_byte_limit(tokenizer, n_ctx: int) -> int:
     """The most bytes a prompt that fits in n_ctx tokens can have (see BYTES_PER_TOKEN), >= 64:
     n_ctx * 64, or n_ctx * the longest token when longer, but then at most PROMPT_BYTES_MAX."""
-    longest = max((len(t.encode("utf-8", "surrogateescape")) for t in tokenizer.vocab.tokens), default=0)
+    longest = tokenizer.vocab.max_token_bytes
     n = max(1, n_ctx)
     if longest <= BYTES_PER_TOKEN:
         return n * BYTES_PER_TOKEN

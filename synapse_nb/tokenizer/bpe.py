@@ -59,7 +59,7 @@ class BPE:
             for arr, part in ((left, a), (right, b), (result, a + b)):
                 if arr[k] == -1 and part:
                     arr[k] = self._intern(part)
-        byte_sym = [t2i.get(u, -1) for u in BYTE_TO_UNICODE]
+        byte_sym = t2i.ids(BYTE_TO_UNICODE)
         for b, u in enumerate(BYTE_TO_UNICODE):
             if byte_sym[b] == -1:
                 byte_sym[b] = self._intern(u)
@@ -93,13 +93,14 @@ class BPE:
         t2i = self.vocab.token_to_id
         todo: list[str] = []
         raw: list[bytes] = []
-        for w in words:
-            b = w.encode("utf-8", "surrogatepass")
-            if self.ignore_merges:
-                i = t2i.get(b.decode("latin-1").translate(BYTE_ENCODE_TABLE))
-                if i is not None:
-                    cache[w] = [i]
-                    continue
+        encoded = [w.encode("utf-8", "surrogatepass") for w in words]
+        # ignore_merges: a word that is a token is that token (one lookup call for all words)
+        whole = (t2i.ids([b.decode("latin-1").translate(BYTE_ENCODE_TABLE) for b in encoded])
+                 if self.ignore_merges else [-1] * len(words))
+        for w, b, i in zip(words, encoded, whole):
+            if i >= 0:
+                cache[w] = [i]
+                continue
             todo.append(w)
             raw.append(b)
         if not todo:

@@ -1,24 +1,25 @@
-"""Numba kernel shared by the BPE and SentencePiece tokenizers: greedy pair merging.
+"""Numba kernels of the BPE and SentencePiece tokenizers: greedy pair merging.
 
 Both llama.cpp sessions (llama-vocab.cpp llm_tokenizer_bpe_session::tokenize and
 llm_tokenizer_spm_session::tokenize) run the same loop over a word's symbols: keep every
 adjacent pair that has a merge in a priority queue, pop the best pair (BPE: lowest merge
 rank; SPM: highest score of the merged token; ties: leftmost pair), skip it if either
 symbol changed since it was queued, else merge the right symbol into the left one and
-queue the two new neighbour pairs. We do exactly that, with symbols as integer ids:
+queue the two new neighbour pairs. We do exactly that, on one binary heap (_push, _pop):
 
-- a symbol is a string id: a token id (< n_vocab), or an "extra" id (>= n_vocab) for a
-  string that can take part in a merge but is not a token (rare: a BPE merge whose parts
-  or result are not in the vocabulary; an SPM character that only occurs inside tokens);
-  negative ids never merge (SPM characters that occur in no token);
-- the pair table maps (left id, right id) -> (priority, merged id), lower priority first
-  (BPE: rank; SPM: -score), in an open-addressing hash table built once per vocabulary.
+- BPE (_merge_words): a symbol is a string id: a token id (< n_vocab), or an "extra" id
+  (>= n_vocab) for a string that takes part in a merge but is not a token (a merge whose
+  parts or result are not in the vocabulary); the pair table maps (left id, right id) ->
+  (rank, merged id) in an open-addressing hash table built once per vocabulary (PairTable).
+- SPM (_spm_merge_words): a pair merges when its text is a token, so, as llama.cpp, each
+  candidate pair's code points are looked up in the vocabulary's TokenIndex (index.cp_find);
+  a symbol is a run of the word's characters.
 
 A queued pair is stale exactly when one of its symbols was merged away or has grown:
 llama.cpp compares the pair's text (BPE) or total length (SPM) with the current symbols;
-symbols only ever grow by absorbing their right neighbour, so comparing ids is the same.
+symbols only ever grow by absorbing their right neighbour, so comparing ids (BPE) or the
+right symbol's end (SPM) is the same.
 """
-
 from __future__ import annotations
 
 import re
@@ -374,138 +375,257 @@ class PairTable:
         return out[:m], out_starts
 
 
+# --- the vocabulary's code points and their hash table (index.TokenIndex), in this file because
+# the SPM merge loop inlines cp_find (Numba stamps a cached kernel with its own file only) ---
+
+
 @njit(cache=True, inline="always")
-def _token_at(table, mask, tok_buf, tok_off, buf, x0, x1):
-    """Id of the token whose bytes are buf[x0:x1] in _string_ids' table, or -1."""
-    h = _fnv(buf, x0, x1, np.int64(_FNV_BASIS)) & mask
+def _utf8_char(buf, i, end):
+    """(code point, byte length) of the character at buf[i] (i < end), strict UTF-8 as Python's
+    decoder (Unicode's well-formed sequences: no overlong form, surrogate or value past
+    U+10FFFF); (-1, 0) when the bytes at i are not one."""
+    b0 = np.int64(buf[i])
+    if b0 < 0x80:
+        return b0, 1
+    if b0 < 0xC2 or b0 > 0xF4:
+        return -1, 0
+    n = 2 if b0 < 0xE0 else (3 if b0 < 0xF0 else 4)
+    if i + n > end:
+        return -1, 0
+    b1 = np.int64(buf[i + 1])
+    lo, hi = 0x80, 0xBF  # the second byte's range (Unicode Table 3-7)
+    if b0 == 0xE0:
+        lo = 0xA0
+    elif b0 == 0xED:
+        hi = 0x9F
+    elif b0 == 0xF0:
+        lo = 0x90
+    elif b0 == 0xF4:
+        hi = 0x8F
+    if b1 < lo or b1 > hi:
+        return -1, 0
+    cp = (b0 & (0x1F if n == 2 else (0x0F if n == 3 else 0x07))) << 6 | (b1 & 0x3F)
+    for k in range(2, n):
+        bk = np.int64(buf[i + k])
+        if bk < 0x80 or bk > 0xBF:
+            return -1, 0
+        cp = cp << 6 | (bk & 0x3F)
+    return cp, n
+
+
+@njit(cache=True)
+def strings_code_points(buf, bounds):
+    """index.code_points of the strings buf[bounds[i] : bounds[i + 1] - 8] (a GGUF string array, see
+    gguf_file.StringArray.raw), each decoded alone as strict UTF-8; ok False (and nothing
+    else meaningful) when one is not valid UTF-8."""
+    n = bounds.shape[0] - 1
+    off = np.empty(n + 1, np.int64)
+    off[0] = 0
+    total = 0
+    for t in range(n):  # count the characters, checking every one
+        i = bounds[t]
+        end = bounds[t + 1] - 8
+        while i < end:
+            cp, ln = _utf8_char(buf, i, end)
+            if ln == 0:
+                return np.empty(0, np.int32), off, False
+            i += ln
+            total += 1
+        off[t + 1] = total
+    cps = np.empty(total, np.int32)
+    k = 0
+    for t in range(n):
+        i = bounds[t]
+        end = bounds[t + 1] - 8
+        while i < end:
+            cp, ln = _utf8_char(buf, i, end)
+            cps[k] = cp
+            k += 1
+            i += ln
+    return cps, off, True
+
+
+@njit(cache=True, inline="always")
+def _cp_hash(cps, a0, a1):
+    h = np.int64(_FNV_BASIS)
+    for i in range(a0, a1):
+        h = (h ^ cps[i]) * 0x100000001B3  # FNV-1a on code points, wrapping int64
+    h ^= h >> 29  # mix the high bits into the low ones the table's mask keeps
+    h *= 0x5851F42D4C957F2D
+    return h ^ (h >> 31)
+
+
+@njit(cache=True, inline="always")
+def _cp_equal(a, a0, b, b0, n):
+    for k in range(n):
+        if a[a0 + k] != b[b0 + k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def build_cp_table(cps, off):
+    """(table int32 [2^k >= 2n + 2], first duplicate (id, id) or (-1, -1)): string t's id at the
+    slot of its hash or the next free one after it."""
+    n = off.shape[0] - 1
+    size = 16
+    while size < 2 * n + 2:
+        size *= 2
+    mask = size - 1
+    table = np.full(size, -1, np.int32)
+    dup_a = -1
+    dup_b = -1
+    for t in range(n):
+        a0 = off[t]
+        ln = off[t + 1] - a0
+        h = _cp_hash(cps, a0, a0 + ln) & mask
+        while True:
+            u = table[h]
+            if u < 0:
+                table[h] = t
+                break
+            if off[u + 1] - off[u] == ln and _cp_equal(cps, off[u], cps, a0, ln):
+                if dup_a < 0:
+                    dup_a = u
+                    dup_b = t
+                break
+            h = (h + 1) & mask
+    return table, dup_a, dup_b
+
+
+@njit(cache=True, inline="always")
+def cp_find(table, tok_cps, tok_off, q, q0, q1):
+    """The id of the token whose code points are q[q0:q1], or -1 (compiled; inlined)."""
+    mask = table.shape[0] - 1
+    n = q1 - q0
+    h = _cp_hash(q, q0, q1) & mask
     while True:
         t = table[h]
         if t < 0:
             return -1
         t0 = tok_off[t]
-        if tok_off[t + 1] - t0 == x1 - x0 and _bytes_at(tok_buf, t0, buf, x0, x1):
+        if tok_off[t + 1] - t0 == n and _cp_equal(tok_cps, t0, q, q0, n):
             return t
         h = (h + 1) & mask
 
 
-@njit(cache=True, inline="always")
-def _code_point(buf, x0, x1):
-    """The code point of the one UTF-8 character buf[x0:x1] (valid UTF-8)."""
-    b = np.int64(buf[x0])
-    if x1 - x0 == 1:
-        return b
-    if x1 - x0 == 2:
-        return ((b & 0x1F) << 6) | (buf[x0 + 1] & 0x3F)
-    if x1 - x0 == 3:
-        return ((b & 0x0F) << 12) | ((buf[x0 + 1] & 0x3F) << 6) | (buf[x0 + 2] & 0x3F)
-    return ((b & 0x07) << 18) | ((buf[x0 + 1] & 0x3F) << 12) | ((buf[x0 + 2] & 0x3F) << 6) | (buf[x0 + 3] & 0x3F)
+@njit(cache=True)
+def find_many(table, tok_cps, tok_off, q, q_off):
+    out = np.empty(q_off.shape[0] - 1, np.int64)
+    for k in range(out.shape[0]):
+        out[k] = cp_find(table, tok_cps, tok_off, q, q_off[k], q_off[k + 1])
+    return out
 
 
 @njit(cache=True, inline="always")
-def _part(table, mask, tok_buf, tok_off, x0, x1, single, extra_of, extra_cps, n_extra):
-    """Id of the part tok_buf[x0:x1] of a piece: a token's id; else, when it is one character
-    (single), that character's extra id (made on first sight, after the n_tok token ids: n_extra[0]
-    made so far, their code points in extra_cps); else -1."""
-    i = _token_at(table, mask, tok_buf, tok_off, tok_buf, x0, x1)
-    if i >= 0 or not single:
-        return i
-    cp = _code_point(tok_buf, x0, x1)
-    if extra_of[cp] < 0:
-        extra_of[cp] = tok_off.shape[0] - 1 + n_extra[0]
-        extra_cps[n_extra[0]] = cp
-        n_extra[0] += 1
-    return extra_of[cp]
+def _spm_try(l, e, s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn):
+    """llm_tokenizer_spm_session::try_add_bigram: queue the pair of symbols covering word
+    characters [l, e) (word start s in text) when their text is a token: key = its score's order
+    << 32 | l, payload = e << 32 | its id. Returns the queue's new size."""
+    ln = e - l
+    if ln >= is_len.shape[0] or not is_len[ln]:
+        return hn  # no token has that many characters
+    t = cp_find(table, tok_cps, tok_off, text, s + l, s + e)
+    if t < 0:
+        return hn
+    return _push(hk, hs, hn, (np.int64(prio[t]) << 32) | l, (np.int64(e) << 32) | t)
 
 
 @njit(cache=True)
-def _byte_offsets(buf, n_chars):
-    """Byte offsets (int64 [n + 1]) of n strings of n_chars characters each, back to back in the
-    valid UTF-8 buf (utf8_buffer's offsets without its whole-text index arrays)."""
-    off = np.empty(n_chars.shape[0] + 1, np.int64)
-    off[0] = 0
-    i = 0
-    for t in range(n_chars.shape[0]):
-        c = 0
-        while c < n_chars[t]:  # step over one character: its lead byte and continuation bytes
-            i += 1
-            while i < buf.shape[0] and (buf[i] & 0xC0) == 0x80:
-                i += 1
-            c += 1
-        off[t + 1] = i
-    return off
+def _spm_merge_words(text, starts, tok_cps, tok_off, table, prio, is_len, out, out_starts):
+    """SentencePiece's merge loop on each word (llm_tokenizer_spm_session::tokenize).
 
-
-@njit(cache=True)
-def _spm_pairs(tok_buf, tok_off, is_len):
-    """spm_pairs' work (see there): returns (left, right, result, extra code points in id order)."""
-    n_tok = tok_off.shape[0] - 1
-    table, mask = _token_table(tok_buf, tok_off)
-    # a token's characters start at its bytes that are not continuation bytes (valid UTF-8)
-    cap = 0  # the splits looked up (a bound on the pairs): memory in what is found, not in the text's size
-    longest = 0
-    for t in range(n_tok):
-        n_t = 0
-        for i in range(tok_off[t], tok_off[t + 1]):
-            if (tok_buf[i] & 0xC0) != 0x80:
-                n_t += 1
-        longest = max(longest, n_t)
-        if n_t <= 64:
-            cap += max(n_t - 1, 0)
-        else:
-            for k in range(1, n_t):
-                if is_len[k] and is_len[n_t - k]:
-                    cap += 1
-    left = np.empty(cap, np.int32)
-    right = np.empty(cap, np.int32)
-    result = np.empty(cap, np.int32)
-    extra_of = np.full(0x110000, -1, np.int32)
-    extra_cps = np.empty(2 * cap + 1, np.int32)  # at most two new characters a split
-    n_extra = np.zeros(1, np.int64)  # extra ids made so far
-    m = 0
-    starts = np.empty(longest + 1, np.int64)  # byte offsets of one token's characters
-    for t in range(n_tok):
-        b0, b1 = tok_off[t], tok_off[t + 1]
-        n_t = 0
-        for i in range(b0, b1):
-            if (tok_buf[i] & 0xC0) != 0x80:
-                starts[n_t] = i
-                n_t += 1
-        for k in range(1, n_t):
-            if n_t > 64 and not (is_len[k] and is_len[n_t - k]):
+    text: int32 [n] the words' code points, back to back; starts: int64 [n_words + 1] word
+    boundaries. tok_cps / tok_off / table: the vocabulary's TokenIndex; prio: int32 [n_vocab]
+    each token's queue order (lower first: spm_order of -score); is_len: bool [L], whether some
+    token has that many code points (a longer or absent length is not looked up).
+    A symbol is a run of the word's characters [i, end[i]), named by its first character i;
+    symbols only grow by absorbing their right neighbour, so a queued pair (l, e) is stale exactly
+    when l was absorbed or its right neighbour no longer ends at e (llama.cpp: a symbol's n is 0,
+    or the two lengths no longer add up to the pair's). The best pair first (lowest order, then
+    leftmost), its token replaces the two. Writes each final symbol to out: its token id, or for a
+    single character that is not a token -(code point + 1); out_starts: int64 [n_words + 1].
+    Returns the number of symbols written.
+    """
+    n_words = starts.shape[0] - 1
+    maxlen = 1
+    for w in range(n_words):
+        maxlen = max(maxlen, starts[w + 1] - starts[w])
+    cur = np.empty(maxlen, np.int32)  # the token of a merged symbol; -1 a single character; -2 absorbed
+    end = np.empty(maxlen, np.int64)
+    prv = np.empty(maxlen, np.int64)
+    nxt = np.empty(maxlen, np.int64)
+    cap = 3 * maxlen + 4  # n - 1 initial pairs + at most 2 per merge
+    hk = np.empty(cap, np.int64)  # order << 32 | left symbol
+    hs = np.empty(cap, np.int64)  # end << 32 | token
+    o = 0
+    for w in range(n_words):
+        s = starts[w]
+        n = starts[w + 1] - s
+        out_starts[w] = o
+        if n == 0:
+            continue
+        for i in range(n):
+            cur[i] = -1
+            end[i] = i + 1
+            prv[i] = i - 1
+            nxt[i] = i + 1
+        nxt[n - 1] = -1
+        hn = 0
+        for i in range(n - 1):
+            hn = _spm_try(i, i + 2, s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
+        while hn > 0:
+            l = hk[0] & 0xFFFFFFFF
+            e = hs[0] >> 32
+            t = np.int32(hs[0] & 0xFFFFFFFF)
+            hn = _pop(hk, hs, hn)
+            if cur[l] == -2:
                 continue
-            p = starts[k]
-            a = _part(table, mask, tok_buf, tok_off, b0, p, k == 1, extra_of, extra_cps, n_extra)
-            if a < 0:
+            r = nxt[l]
+            if r < 0 or end[r] != e:
                 continue
-            b = _part(table, mask, tok_buf, tok_off, p, b1, n_t - k == 1, extra_of, extra_cps, n_extra)
-            if b < 0:
-                continue
-            left[m] = a
-            right[m] = b
-            result[m] = t
-            m += 1
-    return left[:m], right[:m], result[:m], extra_cps[:n_extra[0]]
+            cur[l] = t
+            end[l] = e
+            cur[r] = -2
+            nr = nxt[r]
+            nxt[l] = nr
+            if nr >= 0:
+                prv[nr] = l
+            x = prv[l]
+            if x >= 0:
+                hn = _spm_try(x, e, s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
+            if nr >= 0:
+                hn = _spm_try(l, end[nr], s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
+        i = 0
+        while i >= 0:
+            t = cur[i]
+            if t < 0:  # a character never merged: a token of its own, or its bytes later
+                t = cp_find(table, tok_cps, tok_off, text, s + i, s + i + 1) if is_len.shape[0] > 1 and is_len[1] else -1
+                if t < 0:
+                    t = -(text[s + i] + 1)
+            out[o] = t
+            o += 1
+            i = nxt[i]
+    out_starts[n_words] = o
+    return o
 
 
-def spm_pairs(tokens: list[str]):
-    """Every merge a SentencePiece vocabulary allows, as SPM (tokenizer/spm.py) tabulates them:
-    for each token t (in id order) and each split of it after k characters (k increasing; for
-    a token over 64 characters only where k and len(t) - k are lengths some token has, or 1)
-    into two parts that are each a token or one character, the pair (part ids, t). A character
-    that is not a token gets an extra id, len(tokens) + the order in which it is first seen (a
-    first part before a second). Returns (left, right, result: int32 [m], extra characters in
-    id order: list of str), or None when a token holds an invalid byte (an escape of the GGUF
-    reader: the caller's character-by-character path handles those)."""
-    joined = "".join(tokens)
-    if _ESCAPED.search(joined):
-        return None
-    try:
-        buf = np.frombuffer(joined.encode("utf-8"), np.uint8)
-    except UnicodeEncodeError:  # another lone surrogate: the character path
-        return None
-    lens = np.fromiter(map(len, tokens), np.int64, len(tokens))
-    is_len = np.zeros(int(lens.max(initial=0)) + 2, np.bool_)
-    is_len[lens] = True
-    is_len[1] = True
-    left, right, result, cps = _spm_pairs(buf, _byte_offsets(buf, lens), is_len)
-    return left, right, result, [chr(cp) for cp in cps.tolist()]
+def spm_order(scores: np.ndarray) -> np.ndarray:
+    """int32 [n]: each token's place in SentencePiece's merge queue, lower first: -score's float32
+    bits as an order-preserving int32 (-0 as +0, so equal scores stay equal; NaN after +inf, where
+    a sort puts it)."""
+    x = -np.asarray(scores, np.float32)
+    x[x == 0] = 0  # -0.0 and 0.0 compare equal
+    bits = x.view(np.int32)
+    key = np.where(bits >= 0, bits, bits ^ np.int32(0x7FFFFFFF))
+    key[np.isnan(x)] = np.int32(0x7FFFFFFF)
+    return key.astype(np.int32)
+
+
+def spm_merge_words(text: np.ndarray, starts: np.ndarray, index, prio: np.ndarray, is_len: np.ndarray):
+    """Run _spm_merge_words on words given as code points (text int32 [n], starts int64 [n_words +
+    1]) with the vocabulary's TokenIndex: (out int32 [m], out_starts int64 [n_words + 1])."""
+    out = np.empty(text.shape[0], np.int32)
+    out_starts = np.empty(starts.shape[0], np.int64)
+    m = _spm_merge_words(text, starts, index.cps, index.offsets, index.table, prio, is_len, out, out_starts)
+    return out[:m], out_starts

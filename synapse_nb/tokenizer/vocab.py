@@ -21,6 +21,7 @@ from ..gguf_spec import Keys
 
 from ..errors import SynapseError
 from ..gguf_file import Metadata, StringArray
+from .index import TokenIndex
 
 # llama.h enum llama_token_attr
 ATTR_UNDEFINED = 0
@@ -105,8 +106,10 @@ class Vocab:
 
     Attributes:
       type: "spm" or "bpe"; pre: tokenizer.ggml.pre (BPE; "default" when absent).
-      tokens: list[str] token texts (empty texts renamed "[EMPTY_i]" as llama.cpp does).
-      token_to_id: dict[str, int].
+      tokens: the token texts, a sequence of str (a file's gguf_file.StringArray, decoded on
+        access; a list when given one, or when a text is empty: renamed "[EMPTY_i]" as llama.cpp
+        does). max_token_bytes: the longest text's length in bytes.
+      token_to_id: a TokenIndex, a Mapping str -> int (tokenizer/index.py).
       scores: float32 [n_vocab] (tokenizer.ggml.scores; zeros when absent).
       attrs: int32 [n_vocab] llama_token_attr bits.
       bos_id, eos_id, eot_id, eom_id, unk_id, sep_id, pad_id, mask_id, fim_*_id: int or None.
@@ -153,22 +156,24 @@ class Vocab:
         self.add_space_prefix = meta.get(Keys.Tokenizer.ADD_PREFIX, VT.BOOL, self.add_space_prefix)
 
         tokens = meta.get_array(Keys.Tokenizer.LIST, VT.STRING)
-        if isinstance(tokens, StringArray):
-            tokens = tokens.tolist()  # decoded once: the file's array keeps the same list
         n = len(tokens)
         if n == 0:
             raise SynapseError(f"{where}{Keys.Tokenizer.LIST} is empty")
-        if not all(tokens):
-            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.tokens: list[str] = tokens
-        self.token_to_id: dict[str, int] = dict(zip(tokens, range(n)))
-        if len(self.token_to_id) != n:
-            seen: dict[str, int] = {}
-            for i, t in enumerate(tokens):
-                if t in seen:
-                    raise SynapseError(f"{where}duplicate token in vocabulary: {t!r} has ids "
-                                       f"{seen[t]} and {i}")
-                seen[t] = i
+        # A file's array stays in the file, each text decoded when asked for (a str per token was
+        # 22 MiB and 0.2 s at every start for Gemma 3's 262k); one with an empty text becomes a list
+        nbytes = tokens.byte_lengths() if isinstance(tokens, StringArray) else None
+        if nbytes is None or not nbytes.all():
+            tokens = list(tokens)
+            if not all(tokens):
+                tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+            nbytes = np.fromiter((len(text_bytes(t)) for t in tokens), np.int64, n)
+        self.tokens = tokens  # list[str] or gguf_file.StringArray: a sequence of str
+        self._nbytes = nbytes
+        self.max_token_bytes = int(nbytes.max())
+        self.token_to_id = TokenIndex(tokens)
+        if self.token_to_id.duplicate is not None:
+            i, j = self.token_to_id.duplicate
+            raise SynapseError(f"{where}duplicate token in vocabulary: {tokens[j]!r} has ids {i} and {j}")
         self.n_vocab = n
 
         # llama.cpp reads scores as `(const float *) gguf_get_arr_data` and token types as
@@ -228,8 +233,7 @@ class Vocab:
 
         sp = np.nonzero(self.attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN))[0]
         # llama.cpp sorts by byte length, longest first (std::sort; ties here by id)
-        self.special_tokens: list[int] = sorted(
-            sp.tolist(), key=lambda i: -len(text_bytes(self.tokens[i])))
+        self.special_tokens: list[int] = sp[np.argsort(-self._nbytes[sp], kind="stable")].tolist()
         self._pieces: list[bytes | None] = [None] * n
 
     # --- load-time special token handling (llama-vocab.cpp load()) ---
