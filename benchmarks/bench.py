@@ -207,7 +207,11 @@ def ours(model, threads, test, n_prompt=0, n_gen=0, depth=0, reps=3,
 
 
 def _decode_cmd() -> list[str]:
-    exe = shutil.which("llama-decode")
+    """llama-decode as pip installed it for this interpreter: the script beside sys.executable
+    (a venv's or a Python version's bin/), not a version manager's shim found first on PATH
+    (pyenv's bash shim added 0.1-0.3 s to every start; llama.cpp's binaries run directly)."""
+    beside = Path(sys.executable).parent / "llama-decode"
+    exe = str(beside) if beside.is_file() else shutil.which("llama-decode")
     return [exe] if exe else [sys.executable, "-m", "cli.main"]
 
 

@@ -170,14 +170,46 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = llama_decode.main(prog_name="llama-decode", standalone_mode=False)
-    except click.ClickException as e:
-        log(one_line(f"error: {e.format_message()} (see llama-decode --help)"))
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        log("interrupted")
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(code or 0)
+        try:
+            code = llama_decode.main(prog_name="llama-decode", standalone_mode=False)
+        except click.ClickException as e:
+            log(one_line(f"error: {e.format_message()} (see llama-decode --help)"))
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            log("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+    except SystemExit as e:
+        code = e.code
+    _exit(code or 0)
+
+
+def _exit(code) -> None:
+    """End the process with status code once the run is over, without the interpreter's teardown.
+
+    Python's finalization after a run frees Numba's and LLVM's objects one by one (the compiled
+    kernels, their typing tables, LLVM's own destructors): 0.10-0.14 s of a 0.55 s warm
+    one-token run (measured with strace and timestamps, SmolLM2), which a run's output never
+    needs. So: stdout and stderr are flushed and the atexit functions run (Ray's shutdown,
+    temporary files' finalizers) as at a normal exit, then os._exit(code). Every file a mode
+    writes is closed or committed before it returns (inputs.NewFile, batch's descriptor). Falls
+    back to the normal exit (sys.exit) when a thread that is not a daemon still runs (the
+    interpreter would join it), when code is not an int (a message), or when a flush fails (Python's
+    exit then reports it as before).
+    """
+    import atexit
+    import threading
+
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if others or not isinstance(code, int):
+        sys.exit(code)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except Exception:  # noqa: BLE001 - the normal exit flushes again and reports it
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 if __name__ == "__main__":

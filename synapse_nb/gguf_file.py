@@ -447,7 +447,8 @@ class _Reader:
         if n >= _COMPILED_STRINGS:
             from .gguf_strings import string_bounds
 
-            bounds, end = string_bounds(np.frombuffer(mv, np.uint8), pos, n, size)
+            bounds = np.empty(n + 1, np.int64)
+            end = string_bounds(np.frombuffer(mv, np.uint8), pos, size, bounds)
             if end < 0:
                 raise _Truncated(self.where)
             self.pos = int(end)

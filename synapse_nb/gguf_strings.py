@@ -13,22 +13,23 @@ from numba import njit
 
 
 @njit(cache=True)
-def string_bounds(buf, pos, n, size):
-    """(bounds int64 [n + 1], end): string i is buf[bounds[i] : bounds[i + 1] - 8], the array ends
-    at end (bounds[n] = end + 8, as gguf_file.StringArray keeps them). buf: uint8 [>= size], the
-    mapped file; pos: the first length's offset. end = -1 when a length or a string runs past
-    size (a truncated or damaged file; the caller raises)."""
-    bounds = np.empty(n + 1, np.int64)
+def string_bounds(buf, pos, size, bounds):
+    """Fill bounds (int64 [n + 1]) so that string i is buf[bounds[i] : bounds[i + 1] - 8]; returns
+    where the array ends (bounds[n] = end + 8, as gguf_file.StringArray keeps them). buf: uint8
+    [>= size], the mapped file; pos: the first length's offset. Returns -1 when a length or a
+    string runs past size (a truncated or damaged file; the caller raises). The caller allocates
+    bounds: an allocation here would compile NumPy's np.empty into the kernel (0.1 s a first run)."""
+    n = bounds.shape[0] - 1
     for i in range(n):
         if pos + 8 > size:
-            return bounds, -1
+            return -1
         ln = np.uint64(0)
         for k in range(8):
             ln |= np.uint64(buf[pos + k]) << np.uint64(8 * k)
         pos += 8
         bounds[i] = pos
         if ln > np.uint64(size - pos):
-            return bounds, -1
+            return -1
         pos += np.int64(ln)
     bounds[n] = pos + 8
-    return bounds, pos
+    return pos

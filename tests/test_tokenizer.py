@@ -215,6 +215,41 @@ def test_merge_kernel_order():
     assert out.tolist() == [9, 9, 0]
 
 
+def _merge_ids_ref(tokens: list[str], merges: list[str]) -> list[list[int]]:
+    # llama.cpp's llm_tokenizer_bpe: word.find(' ', 1), then token_to_id lookups of the parts
+    t2i = {}
+    for i, t in enumerate(tokens):
+        t2i.setdefault(t, i)
+    rows = []
+    for m in merges:
+        p = m.find(" ", 1)
+        if p < 0:
+            rows.append([-2, -2, -2])
+            continue
+        a, b = m[:p], m[p + 1:]
+        rows.append([t2i.get(x, -1) if x else -1 for x in (a, b, a + b)])
+    return rows
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "smollm", "mistral-tekken"])
+def test_merge_part_ids_equal_a_dict_lookup(name):
+    # the merges' parts looked up in the TokenIndex (three compiled calls on code points) against
+    # a dict of the tokens, on a real vocabulary's merges and on edge cases: no space after the
+    # first character, a space first, an empty right part, parts that are not tokens, non-ASCII
+    from synapse_nb.tokenizer.bpe import merge_part_ids
+    from synapse_nb.tokenizer.index import TokenIndex
+
+    kv = open_gguf(VOCAB / f"ggml-vocab-{name}.gguf").kv
+    tokens, merges = kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.merges"]
+    index = TokenIndex(tokens)
+    got = merge_part_ids(index, merges)
+    assert got.dtype == np.int32 and got.tolist() == _merge_ids_ref(list(tokens), list(merges))
+    edge = ["", "a", " ", "  ", " a b", "a ", "a  b", "ab", "Ġ t", "ĠĠ ĠĠ", "ä ö", "\U0001f600 x y",
+            "x \U000e01ef", tokens[100] + " " + tokens[200], merges[0], merges[-1]]
+    assert merge_part_ids(index, edge).tolist() == _merge_ids_ref(list(tokens), edge)
+    assert merge_part_ids(index, []).shape == (0, 3)
+
+
 def test_bad_inputs(tmp_path):
     kv = dict(open_gguf(VOCAB / "ggml-vocab-qwen2.gguf").kv)
     with pytest.raises(SynapseError, match="tokenizer.ggml.pre"):

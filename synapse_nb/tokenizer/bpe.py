@@ -18,7 +18,8 @@ from itertools import chain
 import numpy as np
 
 from ..gguf_file import StringArray
-from .merge import PairTable, merge_part_ids
+from .index import TokenIndex, sequence_code_points
+from .merge import PairTable
 from .pretokenize import PreTokenizer
 from .vocab import BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, Vocab
 
@@ -29,6 +30,33 @@ def _split_merge(m: str) -> tuple[str, str]:
     """llama.cpp: split at word.find(' ', 1); no such space gives an empty pair."""
     p = m.find(" ", 1)
     return (m[:p], m[p + 1:]) if p >= 0 else ("", "")
+
+
+def merge_part_ids(index: TokenIndex, merges) -> np.ndarray:
+    """For each merge "left right" (split as _split_merge), the token ids of left, right and
+    left + right in index (-1 for an empty or absent part), int32 [n, 3]; a merge without a space
+    after its first character gives -2 in every column. merges: a list of str or a
+    gguf_file.StringArray, looked up as code points (no str per merge), three compiled calls."""
+    cps, off = sequence_code_points(merges)
+    n = off.shape[0] - 1
+    out = np.full((n, 3), -2, np.int32)
+    # the first space of each merge after its first character (a space is one byte and one
+    # code point, so this is llama.cpp's byte search too)
+    space = cps == 32
+    space[off[:-1][off[1:] > off[:-1]]] = False
+    at = np.flatnonzero(space)
+    if at.shape[0] == 0:
+        return out
+    p = at[np.minimum(np.searchsorted(at, off[:-1]), at.shape[0] - 1)]
+    split = np.flatnonzero((p >= off[:-1]) & (p < off[1:]))  # the merges that have one
+    a, p, b = off[split], p[split], off[split + 1]
+    out[split, 0] = index.find(cps, a, p)
+    out[split, 1] = index.find(cps, p + 1, b)
+    # left + right: the merges' code points without those spaces
+    joined = np.delete(cps, p)
+    shift = np.arange(split.shape[0])  # spaces removed before each split merge
+    out[split, 2] = index.find(joined, a - shift, b - shift - 1)
+    return out
 
 
 class BPE:
@@ -50,7 +78,7 @@ class BPE:
 
         if not isinstance(merges, (list, StringArray)):
             raise TypeError("merges must be a list of str or a gguf_file.StringArray")
-        ids = merge_part_ids(vocab.tokens, merges)
+        ids = merge_part_ids(t2i, merges)
         left, right, result = ids[:, 0], ids[:, 1], ids[:, 2]
         missing = np.flatnonzero((ids == -1).any(axis=1))
         for k in missing.tolist():

@@ -21,14 +21,15 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..gguf_file import StringArray
-from .merge import build_cp_table, find_many, strings_code_points
-
+from .merge import build_cp_table, cp_table_size, find_many, strings_code_points
 
 
 def code_points(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(cps int32 [total], offsets int64 [n + 1]): the code points of every string, back to back
     (surrogates as themselves), and where each string starts."""
-    cps = np.frombuffer("".join(strs).encode("utf-32-le", "surrogatepass"), np.int32)
+    # writable, as every array the kernels take: a read-only one is another Numba type (a second
+    # compile of each kernel it reaches on a first run)
+    cps = np.frombuffer(bytearray("".join(strs).encode("utf-32-le", "surrogatepass")), np.int32)
     off = np.zeros(len(strs) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, strs), np.int64, len(strs)), out=off[1:])
     return cps, off
@@ -41,6 +42,13 @@ def _array_code_points(arr: StringArray):
     buf, bounds = arr.raw()
     cps, off, ok = strings_code_points(buf, bounds)
     return (cps, off) if ok else None
+
+
+def sequence_code_points(strs) -> tuple[np.ndarray, np.ndarray]:
+    """code_points of a list of str or a gguf_file.StringArray (read from the file when every
+    string is valid UTF-8; else, as for a list, from the str the reader decodes)."""
+    got = _array_code_points(strs) if isinstance(strs, StringArray) else None
+    return got if got is not None else code_points(list(strs))
 
 
 class TokenIndex(Mapping):
@@ -56,25 +64,33 @@ class TokenIndex(Mapping):
     __slots__ = ("_texts", "cps", "offsets", "table", "duplicate")
 
     def __init__(self, tokens):
-        got = _array_code_points(tokens) if isinstance(tokens, StringArray) else None
-        self.cps, self.offsets = got if got is not None else code_points(list(tokens))
+        self.cps, self.offsets = sequence_code_points(tokens)
         self._texts = tokens
-        self.table, a, b = build_cp_table(self.cps, self.offsets)
+        self.table = np.full(cp_table_size(len(self)), -1, np.int32)
+        a, b = build_cp_table(self.cps, self.offsets, self.table)
         self.duplicate = (int(a), int(b)) if a >= 0 else None
 
     def get(self, text, default=None):
         if not isinstance(text, str):
             return default
-        q = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.int32)
-        i = find_many(self.table, self.cps, self.offsets, q, np.array([0, q.shape[0]], np.int64))[0]
+        q = np.frombuffer(bytearray(text.encode("utf-32-le", "surrogatepass")), np.int32)
+        i = self.find(q, np.zeros(1, np.int64), np.full(1, q.shape[0], np.int64))[0]
         return default if i < 0 else int(i)
 
     def ids(self, texts: list[str]) -> list[int]:
         """The id of each text, -1 for a text that is not a token (one compiled call for all)."""
         if not texts:
             return []
-        q, q_off = code_points(texts)
-        return find_many(self.table, self.cps, self.offsets, q, q_off).tolist()
+        q, off = code_points(texts)
+        return self.find(q, off[:-1], off[1:]).tolist()
+
+    def find(self, q: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """int64 [n]: the id of each string q[start[k]:end[k]] given as code points (q int32 [m],
+        writable; start, end int64 [n]), -1 for one that is not a token or is empty."""
+        out = np.empty(start.shape[0], np.int64)
+        find_many(self.table, self.cps, self.offsets, q, np.ascontiguousarray(start, np.int64),
+                  np.ascontiguousarray(end, np.int64), out)
+        return out
 
     def __getitem__(self, text) -> int:
         i = self.get(text)

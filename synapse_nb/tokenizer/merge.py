@@ -22,16 +22,12 @@ right symbol's end (SPM) is the same.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from numba import njit
 
-from ..gguf_file import StringArray
 
 _EMPTY = -1
 _FNV_BASIS = -3750763034362895579  # FNV-1a's 64-bit offset basis as an int64: the seed of every string hash
-_ESCAPED = re.compile("[\udc80-\udcff]")  # invalid bytes kept by the GGUF reader
 
 
 @njit(cache=True, inline="always")
@@ -41,18 +37,22 @@ def _hash(key):
     return key ^ (key >> 31)
 
 
-@njit(cache=True)
-def _build_pair_table(left, right, prio, result, n_ids):
-    # prio: int32 ranks >= 0 (lower merges first). A slot holds its pair as the key
-    # left * n_ids + right (both ids in [0, n_ids)), its rank and its merged id.
-    n = left.shape[0]
+def _table_size(n: int) -> int:
+    """The size of an open-addressing table of n keys: a power of two >= 2n + 2 (load <= 1/2)."""
     size = 16
     while size < 2 * n + 2:
         size *= 2
-    keys = np.full(size, _EMPTY, np.int64)
-    trank = np.zeros(size, np.int32)
-    tres = np.zeros(size, np.int32)
-    mask = size - 1
+    return size
+
+
+@njit(cache=True)
+def _build_pair_table(left, right, prio, result, n_ids, keys, trank, tres):
+    # prio: int32 ranks >= 0 (lower merges first). A slot holds its pair as the key
+    # left * n_ids + right (both ids in [0, n_ids)), its rank and its merged id. keys: int64
+    # [_table_size(n)] all _EMPTY; trank, tres: int32, the same size (the caller allocates them:
+    # an allocation in a kernel compiles NumPy's implementation into it, 0.1 s a first run).
+    n = left.shape[0]
+    mask = keys.shape[0] - 1
     for i in range(n):
         a = left[i]
         b = right[i]
@@ -70,7 +70,6 @@ def _build_pair_table(left, right, prio, result, n_ids):
             if k == key:  # first one wins (llama.cpp: bpe_ranks.emplace keeps the lowest rank)
                 break
             h = (h + 1) & mask
-    return keys, trank, tres
 
 
 @njit(cache=True, inline="always")
@@ -214,122 +213,6 @@ def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts):
     return o
 
 
-@njit(cache=True, inline="always")
-def _fnv(buf, a0, a1, h):
-    for i in range(a0, a1):
-        h = (h ^ buf[i]) * 0x100000001B3  # FNV-1a, wrapping int64
-    return h
-
-
-@njit(cache=True, inline="always")
-def _bytes_at(tok_buf, j, buf, i0, i1):
-    # buf[i0:i1] == tok_buf[j:j + i1 - i0]
-    for i in range(i0, i1):
-        if tok_buf[j] != buf[i]:
-            return False
-        j += 1
-    return True
-
-
-@njit(cache=True, inline="always")
-def _token_table(tok_buf, tok_off):
-    """(table, mask): an open-addressing hash table of the token ids, by FNV-1a of each token's
-    bytes tok_buf[tok_off[t]:tok_off[t + 1]], linear probing; at least twice the tokens' count."""
-    n_tok = tok_off.shape[0] - 1
-    size = 16
-    while size < 2 * n_tok + 2:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, np.int32)
-    for t in range(n_tok):
-        h = _fnv(tok_buf, tok_off[t], tok_off[t + 1], np.int64(_FNV_BASIS)) & mask
-        while table[h] >= 0:
-            h = (h + 1) & mask
-        table[h] = t
-    return table, mask
-
-
-@njit(cache=True)
-def _string_ids(tok_buf, tok_off, buf, off, sep):
-    """Token ids of byte strings, by hashing: for string k = buf[off[k]:off[k+1]]:
-    if sep: split it at the first space after its first byte (llama.cpp word.find(' ', 1))
-    into left and right and look up left, right and left+right; else look up the string.
-    Returns int32 [n, 3] (left, right, joined ids; -1 when not a token; a string without
-    the space gives -2 in every column)."""
-    table, mask = _token_table(tok_buf, tok_off)
-    seed = np.int64(_FNV_BASIS)
-    n = off.shape[0] - 1
-    res = np.full((n, 3), -1, np.int32)
-    for k in range(n):
-        a0 = off[k]
-        a1 = off[k + 1]
-        p = -1
-        if sep:
-            for i in range(a0 + 1, a1):
-                if buf[i] == 32:
-                    p = i
-                    break
-            if p < 0:
-                res[k, 0] = -2
-                res[k, 1] = -2
-                res[k, 2] = -2
-                continue
-            parts = ((a0, p, p, p), (p + 1, a1, a1, a1), (a0, p, p + 1, a1))
-        else:
-            parts = ((a0, a1, a1, a1), (a1, a1, a1, a1), (a1, a1, a1, a1))
-        for c in range(3):
-            x0, x1, y0, y1 = parts[c]
-            ln = (x1 - x0) + (y1 - y0)
-            if ln == 0:
-                continue
-            h = _fnv(buf, y0, y1, _fnv(buf, x0, x1, seed)) & mask
-            while True:
-                t = table[h]
-                if t < 0:
-                    break
-                t0 = tok_off[t]
-                if (tok_off[t + 1] - t0 == ln and _bytes_at(tok_buf, t0, buf, x0, x1)
-                        and _bytes_at(tok_buf, t0 + (x1 - x0), buf, y0, y1)):
-                    res[k, c] = t
-                    break
-                h = (h + 1) & mask
-    return res
-
-
-def utf8_buffer(strs) -> tuple[np.ndarray, np.ndarray]:
-    """All strings as one UTF-8 byte buffer and their byte offsets (int64 [n + 1]).
-    Surrogate escapes (invalid bytes kept by the GGUF reader) become their byte.
-    strs: a list of str, or a gguf_file.StringArray (its bytes are read from the file as they are)."""
-    if isinstance(strs, StringArray):
-        return strs.utf8()
-    joined = "".join(strs)
-    buf = np.frombuffer(joined.encode("utf-8", "surrogateescape"), np.uint8)
-    coff = np.zeros(len(strs) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, strs), np.int64, len(strs)), out=coff[1:])
-    if joined.isascii():
-        return buf, coff
-    if not _ESCAPED.search(joined):
-        # valid UTF-8: characters start at the bytes that are not continuation bytes
-        char_starts = np.flatnonzero((buf & 0xC0) != 0x80)
-        return buf, np.append(char_starts, buf.shape[0])[coff]
-    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
-    blen = (1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
-            - 2 * ((cps >= 0xDC80) & (cps <= 0xDCFF)))
-    boff = np.zeros(cps.shape[0] + 1, np.int64)
-    np.cumsum(blen, out=boff[1:])
-    if boff[-1] != buf.shape[0]:
-        raise ValueError("utf8_buffer: string is not encodable")
-    return buf, boff[coff]
-
-
-def merge_part_ids(tokens: list[str], merges: list[str]) -> np.ndarray:
-    """For each merge "left right": token ids of left, right and left+right (-1 if not a
-    token; -2 for a merge without a space after its first character). int32 [n, 3]."""
-    tb, to = utf8_buffer(tokens)
-    mb, mo = utf8_buffer(merges)
-    return _string_ids(tb, to, mb, mo, True)
-
-
 class PairTable:
     """Merge table for _merge_words: (left id, right id) -> (priority, merged id).
 
@@ -346,13 +229,14 @@ class PairTable:
             _, rank = np.unique(prio, return_inverse=True)
         else:
             rank = prio
-        self.keys, self.rank, self.result = _build_pair_table(
-            np.ascontiguousarray(left, np.int32),
-            np.ascontiguousarray(right, np.int32),
-            np.ascontiguousarray(rank, np.int32),
-            np.ascontiguousarray(result, np.int32),
-            np.int64(self.n_ids),
-        )
+        left = np.ascontiguousarray(left, np.int32)
+        size = _table_size(left.shape[0])
+        self.keys = np.full(size, _EMPTY, np.int64)
+        self.rank = np.zeros(size, np.int32)
+        self.result = np.zeros(size, np.int32)
+        _build_pair_table(left, np.ascontiguousarray(right, np.int32), np.ascontiguousarray(rank, np.int32),
+                          np.ascontiguousarray(result, np.int32), np.int64(self.n_ids), self.keys, self.rank,
+                          self.result)
 
     def merge(self, sym: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the merges on words given as initial symbol ids.
@@ -464,15 +348,11 @@ def _cp_equal(a, a0, b, b0, n):
 
 
 @njit(cache=True)
-def build_cp_table(cps, off):
-    """(table int32 [2^k >= 2n + 2], first duplicate (id, id) or (-1, -1)): string t's id at the
-    slot of its hash or the next free one after it."""
+def build_cp_table(cps, off, table):
+    """Fill table (int32 [cp_table_size(n)], all -1) with string t's id at the slot of its hash or
+    the next free one after it; returns the first duplicate (id, id), or (-1, -1)."""
     n = off.shape[0] - 1
-    size = 16
-    while size < 2 * n + 2:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, np.int32)
+    mask = table.shape[0] - 1
     dup_a = -1
     dup_b = -1
     for t in range(n):
@@ -490,7 +370,12 @@ def build_cp_table(cps, off):
                     dup_b = t
                 break
             h = (h + 1) & mask
-    return table, dup_a, dup_b
+    return dup_a, dup_b
+
+
+def cp_table_size(n: int) -> int:
+    """build_cp_table's table size for n strings."""
+    return _table_size(n)
 
 
 @njit(cache=True, inline="always")
@@ -510,11 +395,11 @@ def cp_find(table, tok_cps, tok_off, q, q0, q1):
 
 
 @njit(cache=True)
-def find_many(table, tok_cps, tok_off, q, q_off):
-    out = np.empty(q_off.shape[0] - 1, np.int64)
+def find_many(table, tok_cps, tok_off, q, q_start, q_end, out):
+    """out[k] (int64 [n]) = cp_find of the string q[q_start[k]:q_end[k]] (-1 for an empty one)."""
     for k in range(out.shape[0]):
-        out[k] = cp_find(table, tok_cps, tok_off, q, q_off[k], q_off[k + 1])
-    return out
+        a, b = q_start[k], q_end[k]
+        out[k] = cp_find(table, tok_cps, tok_off, q, a, b) if b > a else -1
 
 
 @njit(cache=True, inline="always")
