@@ -100,6 +100,11 @@ class Helper:
         except OSError:
             self._proc = False  # no helper: the warm-up compiles everything itself
 
+    @property
+    def started(self) -> bool:
+        """Whether the helper process was started (something compiled)."""
+        return bool(self._proc)
+
     def on_first_compile(self):
         """Within the block, start the helper when Numba first compiles something (run the block
         and wait() within locked_cache_saves)."""

@@ -47,6 +47,16 @@ def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: i
 ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
 
 
+def _compiles(model: Model, s) -> bool:
+    """Compile (or load) the block loop for s's forwards; whether Numba compiled anything."""
+    from ..jit import watch_compiles
+
+    seen = []
+    with watch_compiles(seen.append):
+        model.compile_layers(s.state, s.cache)
+    return bool(seen)
+
+
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
            n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1) -> None:
     """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
@@ -58,9 +68,10 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
     four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
     load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
-    jobs: with 2 or more, when the warm-up compiles both forwards' kernels (a cold cache), a
-    second process compiles the single-token forward's while this one compiles the batched one's
-    (synapse_nb.compilation.helper); the kernels and the cache are the same either way.
+    jobs: with 2 or more, when the warm-up compiles the batched forward's kernels (a cold cache),
+    a second process compiles the single-token forward's (which the batched forward's last row
+    calls too) while this one compiles the rest (synapse_nb.compilation.helper); the kernels and
+    the cache are the same either way.
     """
     hp = model.hparams
     if n_prompt is None:
@@ -76,7 +87,11 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     rest = kinds - set(override.items())
     s = warmup_session(model, override)
     helper = None
-    if jobs > 1 and batched and single and helper_process.available():
+    # A batched forward also calls the one-row kernels (its last layer computes its last row
+    # alone), so the helper compiles those whenever there is one. Without a single-token step
+    # (a run of one token, -n 1) the helper is used only when the block loop itself compiles (a
+    # cold cache), so that a warm run's warm-up stays the one forward the run makes.
+    if jobs > 1 and batched and helper_process.available() and (single or _compiles(model, s)):
         helper = helper_process.Helper(model.path, override, rest)
 
     def run_batched():
@@ -89,6 +104,9 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             with helper.on_first_compile():
                 s.eval([0, 0], all_logits=True)
             helper.wait()
+        if not single and helper.started:  # no single-token step to load them: the run's forward
+            s.truncate(0)
+            s.eval([0, 0])
 
     steps = [
         ("batched forward (parallel kernels)", run_batched) if batched else None,
