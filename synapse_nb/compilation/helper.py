@@ -10,7 +10,9 @@ the parent's own package first on sys.path: the cache entries are keyed by sourc
 the single-token forward on the same model into the same cache; the warm-up then runs its
 single-token forward, which loads what this process wrote. Both forwards run the one compiled
 block loop (kernels/graph.layers): this process compiles it first (Model.compile_layers), so
-that the warm-up's process loads it.
+that the warm-up's process loads it. A run of a one-token prompt has no batched forward: then
+this process compiles the block loop only (and the attention kinds of the warm-up's last step)
+while the warm-up's process compiles the single-token kernels.
 
 A Helper starts the process only when the warm-up really compiles (Numba's first
 "numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it
@@ -73,15 +75,17 @@ def locked_cache_saves():
 
 
 class Helper:
-    """The helper process of one warm-up: the single-token forward (and the attention kernels of
-    ``rest``, see compilation.warmup) on the model at ``path``, with ``override`` as the warm-up
-    Session's Workspace.parallel_override. Use ``with helper.on_first_compile(): ...`` around
+    """The helper process of one warm-up: the block loop, the single-token forward (unless
+    single=False: a warm-up with no batched forward, whose own process compiles it) and the
+    attention kernels of ``rest`` (see compilation.warmup) on the model at ``path``, with
+    ``override`` as the warm-up Session's Workspace.parallel_override. Use ``with helper.on_first_compile(): ...`` around
     the work it runs beside, then ``helper.wait()``."""
 
     TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
 
-    def __init__(self, path, override: dict, rest):
-        self._args = [os.path.abspath(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest)})]
+    def __init__(self, path, override: dict, rest, single: bool = True):
+        self._args = [os.path.abspath(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest),
+                                                         "single": single})]
         self._proc = None
 
     def _start(self):
@@ -140,7 +144,7 @@ def _exit_with_parent():
 
 def main(argv) -> int:
     """The helper process: argv = [the parent's synapse_nb package directory, model path, JSON
-    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...]}]. Returns 2 without
+    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...], "single": bool}]. Returns 2 without
     compiling anything when this process imported another synapse_nb than the parent."""
     if _package_dir() != argv[0]:
         return 2
@@ -153,7 +157,8 @@ def main(argv) -> int:
         model = load_model(path)
         s = warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
         model.compile_layers(s.state, s.cache)  # first: the parent's first forward needs it too
-        s.eval([0])
+        if spec.get("single", True):
+            s.eval([0])
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
         if rest:
             compile_attention(model, s, rest)

@@ -68,10 +68,11 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     one-token prompt skips the batched (parallel) kernels, and attention compiles the one to
     four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
     load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
-    jobs: with 2 or more, when the warm-up compiles the batched forward's kernels (a cold cache),
-    a second process compiles the single-token forward's (which the batched forward's last row
-    calls too) while this one compiles the rest (synapse_nb.compilation.helper); the kernels and
-    the cache are the same either way.
+    jobs: with 2 or more, when the warm-up compiles (a cold cache) a second process compiles part
+    of the kernels (synapse_nb.compilation.helper): with a batched forward, the single-token
+    forward's (which the batched forward's last row calls too) while this one compiles the rest;
+    for a one-token prompt, the block loop and the attention kinds of the last step. The kernels
+    and the cache are the same either way.
     """
     hp = model.hparams
     if n_prompt is None:
@@ -93,6 +94,10 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # cold cache), so that a warm run's warm-up stays the one forward the run makes.
     if jobs > 1 and batched and helper_process.available() and (single or _compiles(model, s)):
         helper = helper_process.Helper(model.path, override, rest)
+    elif jobs > 1 and single and not batched and helper_process.available():
+        # a one-token prompt: the helper compiles the block loop and the other attention kinds
+        # while this process compiles the single-token forward's kernels
+        helper = helper_process.Helper(model.path, override, rest, single=False)
 
     def run_batched():
         if helper is None:
@@ -108,9 +113,18 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             s.truncate(0)
             s.eval([0, 0])
 
+    def run_single():
+        if helper is None or batched:
+            s.eval([0])
+            return
+        with helper_process.locked_cache_saves():
+            with helper.on_first_compile():
+                s.eval([0])  # its block loop from the helper's save when it comes first
+            helper.wait()
+
     steps = [
         ("batched forward (parallel kernels)", run_batched) if batched else None,
-        ("single-token forward (serial kernels)", lambda: s.eval([0])) if single else None,
+        ("single-token forward (serial kernels)", run_single) if single else None,
         ("attention kernels", lambda: compile_attention(model, s, rest)) if rest else None,
         # every kernel: a server's too (several sequences decoding in one step)
         ("several sequences' attention", lambda: compile_segments(model, s)) if n_prompt is None else None,
