@@ -53,6 +53,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   with N = 1). Activation rows are converted once per call and reused by every weight row.
 """
 
+import threading
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -174,42 +176,77 @@ class Kernels(NamedTuple):
     deq: object
 
 
+class _Drivers(Mapping):
+    """A read-only mapping of ggml type names to drivers, each generated and compiled into this
+    module on its first lookup (``make(name)``): a run generates only its model's formats' (all
+    of them were 17 ms of every start). Keys: every type that has drivers. Thread-safe."""
+
+    def __init__(self, names, make):
+        self._names, self._make, self._made, self._lock = tuple(names), make, {}, threading.Lock()
+
+    def __getitem__(self, name):
+        got = self._made.get(name)
+        if got is None:
+            if name not in self._names:
+                raise KeyError(name)
+            with self._lock:
+                got = self._made.get(name)
+                if got is None:
+                    got = self._made[name] = self._make(name)
+        return got
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+_MODS = {"legacy": legacy, "kquants": kquants, "quant_act": quant_act}
+
+
+def _act_driver(name: str, template: str, prefix: str):
+    fmt = next(f for f in _F.registered_formats().values() if f.name == name)
+    _define(template.format(name=f"{prefix}{fmt.stem}", mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
+    return globals()[f"{prefix}{fmt.stem}"]
+
+
+def _weight_kernels(name: str) -> Kernels:
+    fmt = next(f for f in _F.weight_formats() if f.name == name)
+    mod = fmt.kernels
+    m_ = _MODS[mod]
+    dot, dot4, rows = fmt.vec_dot_name(), fmt.vec_dot4_name(), fmt.rows_dot_name()
+    one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else [],
+                      f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
+    if hasattr(m_, rows):
+        wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
+        many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
+                           f"{mod}.{rows}(y, r, w[r], a)")
+    else:
+        many = _MM_PAIRS.format(mod=mod, dot=dot)
+    _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
+    _define(_CHUNKS.format(name=f"_mm_{fmt.stem}", rows=many))
+    _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
+    return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
+                   globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
+
+
 def _build_tables():
-    act_drivers, act1_drivers, kernels = {}, {}, {}
-    mods = {"legacy": legacy, "kquants": kquants, "quant_act": quant_act}
-    for fmt in _F.registered_formats().values():
-        if fmt.quantize_kernels is None:
-            continue
-        name = f"_act_{fmt.stem}"
-        _define(_ACT.format(name=name, mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
-        act_drivers[fmt.name] = globals()[name]
-        _define(_ACT1.format(name=f"_act1_{fmt.stem}", mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
-        act1_drivers[fmt.name] = globals()[f"_act1_{fmt.stem}"]
+    acts = [fmt.name for fmt in _F.registered_formats().values() if fmt.quantize_kernels is not None]
+    weights = []
     for fmt in _F.weight_formats():
-        mod = fmt.kernels
-        m_ = mods[mod]
-        dot, dot4, rows = fmt.vec_dot_name(), fmt.vec_dot4_name(), fmt.rows_dot_name()
-        for fn in (dot, f"dequantize_row_{fmt.stem}"):
-            if not hasattr(m_, fn):  # a format registered without its row functions
-                raise ImportError(f"synapse_nb.kernels.{mod} has no {fn} (formats.{fmt.name}.kernels)")
-        one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else [],
-                          f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
-        if hasattr(m_, rows):
-            wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
-            many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
-                               f"{mod}.{rows}(y, r, w[r], a)")
-        else:
-            many = _MM_PAIRS.format(mod=mod, dot=dot)
-        _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
-        _define(_CHUNKS.format(name=f"_mm_{fmt.stem}", rows=many))
-        _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
-        kernels[fmt.name] = Kernels(fmt.vec_dot_type, act_drivers[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
-                                    globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
-    return act_drivers, act1_drivers, kernels
+        m_ = _MODS[fmt.kernels]
+        for fn in (fmt.vec_dot_name(), f"dequantize_row_{fmt.stem}"):
+            if not hasattr(m_, fn):  # a format registered without its row functions: at import, not at first use
+                raise ImportError(f"synapse_nb.kernels.{fmt.kernels} has no {fn} (formats.{fmt.name}.kernels)")
+        weights.append(fmt.name)
+    return (_Drivers(acts, lambda n: _act_driver(n, _ACT, "_act_")),
+            _Drivers(acts, lambda n: _act_driver(n, _ACT1, "_act1_")),
+            _Drivers(weights, _weight_kernels))
 
 
 # ggml activation type name -> converter (ACT1_DRIVERS: its serial twin for one row); ggml weight
-# type name -> its Kernels.
+# type name -> its Kernels. Each generated on first lookup (_Drivers).
 # Block sizes and byte counts: formats.py.
 ACT_DRIVERS, ACT1_DRIVERS, KERNELS = _build_tables()
 
