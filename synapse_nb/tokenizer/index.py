@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..gguf_file import StringArray
-from .merge import build_cp_table, cp_table_size, find_many, strings_code_points
+from .merge import build_cp_table, find_many, strings_code_points, table_size
 
 
 def code_points(strs: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +66,7 @@ class TokenIndex(Mapping):
     def __init__(self, tokens):
         self.cps, self.offsets = sequence_code_points(tokens)
         self._texts = tokens
-        self.table = np.full(cp_table_size(len(self)), -1, np.int32)
+        self.table = np.full(table_size(len(self)), -1, np.int32)
         a, b = build_cp_table(self.cps, self.offsets, self.table)
         self.duplicate = (int(a), int(b)) if a >= 0 else None
 

@@ -37,8 +37,9 @@ def _hash(key):
     return key ^ (key >> 31)
 
 
-def _table_size(n: int) -> int:
-    """The size of an open-addressing table of n keys: a power of two >= 2n + 2 (load <= 1/2)."""
+def table_size(n: int) -> int:
+    """The size of an open-addressing table of n keys (the pair table's, TokenIndex's): a power
+    of two >= 2n + 2 (load <= 1/2)."""
     size = 16
     while size < 2 * n + 2:
         size *= 2
@@ -49,7 +50,7 @@ def _table_size(n: int) -> int:
 def _build_pair_table(left, right, prio, result, n_ids, keys, trank, tres):
     # prio: int32 ranks >= 0 (lower merges first). A slot holds its pair as the key
     # left * n_ids + right (both ids in [0, n_ids)), its rank and its merged id. keys: int64
-    # [_table_size(n)] all _EMPTY; trank, tres: int32, the same size (the caller allocates them:
+    # [table_size(n)] all _EMPTY; trank, tres: int32, the same size (the caller allocates them:
     # an allocation in a kernel compiles NumPy's implementation into it, 0.1 s a first run).
     n = left.shape[0]
     mask = keys.shape[0] - 1
@@ -230,7 +231,7 @@ class PairTable:
         else:
             rank = prio
         left = np.ascontiguousarray(left, np.int32)
-        size = _table_size(left.shape[0])
+        size = table_size(left.shape[0])
         self.keys = np.full(size, _EMPTY, np.int64)
         self.rank = np.zeros(size, np.int32)
         self.result = np.zeros(size, np.int32)
@@ -349,7 +350,7 @@ def _cp_equal(a, a0, b, b0, n):
 
 @njit(cache=True)
 def build_cp_table(cps, off, table):
-    """Fill table (int32 [cp_table_size(n)], all -1) with string t's id at the slot of its hash or
+    """Fill table (int32 [table_size(n)], all -1) with string t's id at the slot of its hash or
     the next free one after it; returns the first duplicate (id, id), or (-1, -1)."""
     n = off.shape[0] - 1
     mask = table.shape[0] - 1
@@ -371,11 +372,6 @@ def build_cp_table(cps, off, table):
                 break
             h = (h + 1) & mask
     return dup_a, dup_b
-
-
-def cp_table_size(n: int) -> int:
-    """build_cp_table's table size for n strings."""
-    return _table_size(n)
 
 
 @njit(cache=True, inline="always")
