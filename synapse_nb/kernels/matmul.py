@@ -178,41 +178,39 @@ class Kernels(NamedTuple):
 
 class _Drivers(Mapping):
     """A read-only mapping of ggml type names to drivers, each generated and compiled into this
-    module on its first lookup (``make(name)``): a run generates only its model's formats' (all
-    of them were 17 ms of every start). Keys: every type that has drivers. Thread-safe."""
+    module on its first lookup (``make(fmt)`` of the name's format, from ``formats``: name ->
+    formats.BlockFormat): a run generates only its model's formats' (all of them were 17 ms of
+    every start). Keys: every type that has drivers. Thread-safe."""
 
-    def __init__(self, names, make):
-        self._names, self._make, self._made, self._lock = tuple(names), make, {}, threading.Lock()
+    def __init__(self, formats: dict, make):
+        self._formats, self._make, self._made, self._lock = formats, make, {}, threading.Lock()
 
     def __getitem__(self, name):
         got = self._made.get(name)
         if got is None:
-            if name not in self._names:
-                raise KeyError(name)
+            fmt = self._formats[name]  # KeyError for a type without drivers
             with self._lock:
                 got = self._made.get(name)
                 if got is None:
-                    got = self._made[name] = self._make(name)
+                    got = self._made[name] = self._make(fmt)
         return got
 
     def __iter__(self):
-        return iter(self._names)
+        return iter(self._formats)
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self._formats)
 
 
 _MODS = {"legacy": legacy, "kquants": kquants, "quant_act": quant_act}
 
 
-def _act_driver(name: str, template: str, prefix: str):
-    fmt = next(f for f in _F.registered_formats().values() if f.name == name)
+def _act_driver(fmt, template: str, prefix: str):
     _define(template.format(name=f"{prefix}{fmt.stem}", mod=fmt.quantize_kernels, quantize=f"quantize_row_{fmt.stem}"))
     return globals()[f"{prefix}{fmt.stem}"]
 
 
-def _weight_kernels(name: str) -> Kernels:
-    fmt = next(f for f in _F.weight_formats() if f.name == name)
+def _weight_kernels(fmt) -> Kernels:
     mod = fmt.kernels
     m_ = _MODS[mod]
     dot, dot4, rows = fmt.vec_dot_name(), fmt.vec_dot4_name(), fmt.rows_dot_name()
@@ -232,16 +230,15 @@ def _weight_kernels(name: str) -> Kernels:
 
 
 def _build_tables():
-    acts = [fmt.name for fmt in _F.registered_formats().values() if fmt.quantize_kernels is not None]
-    weights = []
-    for fmt in _F.weight_formats():
+    acts = {fmt.name: fmt for fmt in _F.registered_formats().values() if fmt.quantize_kernels is not None}
+    weights = {fmt.name: fmt for fmt in _F.weight_formats()}
+    for fmt in weights.values():
         m_ = _MODS[fmt.kernels]
         for fn in (fmt.vec_dot_name(), f"dequantize_row_{fmt.stem}"):
             if not hasattr(m_, fn):  # a format registered without its row functions: at import, not at first use
                 raise ImportError(f"synapse_nb.kernels.{fmt.kernels} has no {fn} (formats.{fmt.name}.kernels)")
-        weights.append(fmt.name)
-    return (_Drivers(acts, lambda n: _act_driver(n, _ACT, "_act_")),
-            _Drivers(acts, lambda n: _act_driver(n, _ACT1, "_act1_")),
+    return (_Drivers(acts, lambda fmt: _act_driver(fmt, _ACT, "_act_")),
+            _Drivers(acts, lambda fmt: _act_driver(fmt, _ACT1, "_act1_")),
             _Drivers(weights, _weight_kernels))
 
 
