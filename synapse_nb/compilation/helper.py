@@ -78,8 +78,8 @@ class Helper:
     """The helper process of one warm-up: the block loop, the single-token forward (unless
     single=False: a warm-up with no batched forward, whose own process compiles it) and the
     attention kernels of ``rest`` (see compilation.warmup) on the model at ``path``, with
-    ``override`` as the warm-up Session's Workspace.parallel_override. Use ``with helper.on_first_compile(): ...`` around
-    the work it runs beside, then ``helper.wait()``."""
+    ``override`` as the warm-up Session's Workspace.parallel_override. ``helper.beside(work)`` runs
+    the work it compiles beside."""
 
     TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
 
@@ -109,9 +109,16 @@ class Helper:
         """Whether the helper process was started (something compiled)."""
         return bool(self._proc)
 
-    def on_first_compile(self):
-        """Within the block, start the helper when Numba first compiles something (run the block
-        and wait() within locked_cache_saves)."""
+    def beside(self, work) -> None:
+        """Run work() with this helper started at Numba's first compile in it, then wait for the
+        helper; the cache saves of both processes locked meanwhile (locked_cache_saves)."""
+        with locked_cache_saves():
+            with self._on_first_compile():
+                work()
+            self.wait()
+
+    def _on_first_compile(self):
+        """Within the block, start the helper when Numba first compiles something."""
         from ..jit import watch_compiles
 
         return watch_compiles(lambda name: self._start())

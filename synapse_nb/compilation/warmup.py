@@ -92,12 +92,13 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # alone), so the helper compiles those whenever there is one. Without a single-token step
     # (a run of one token, -n 1) the helper is used only when the block loop itself compiles (a
     # cold cache), so that a warm run's warm-up stays the one forward the run makes.
-    if jobs > 1 and batched and helper_process.available() and (single or _compiles(model, s)):
-        helper = helper_process.Helper(model.path, override, rest)
-    elif jobs > 1 and single and not batched and helper_process.available():
-        # a one-token prompt: the helper compiles the block loop and the other attention kinds
-        # while this process compiles the single-token forward's kernels
-        helper = helper_process.Helper(model.path, override, rest, single=False)
+    if jobs > 1 and helper_process.available():
+        if batched and (single or _compiles(model, s)):
+            helper = helper_process.Helper(model.path, override, rest)
+        elif single and not batched:
+            # a one-token prompt: the helper compiles the block loop and the other attention
+            # kinds while this process compiles the single-token forward's kernels
+            helper = helper_process.Helper(model.path, override, rest, single=False)
 
     def run_batched():
         if helper is None:
@@ -105,10 +106,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             return
         # all logits: no one-row call (its kernels are the helper's); the run's last batch
         # makes those on its last layer, which the single-token forward also makes
-        with helper_process.locked_cache_saves():
-            with helper.on_first_compile():
-                s.eval([0, 0], all_logits=True)
-            helper.wait()
+        helper.beside(lambda: s.eval([0, 0], all_logits=True))
         if not single and helper.started:  # no single-token step to load them: the run's forward
             s.truncate(0)
             s.eval([0, 0])
@@ -116,11 +114,8 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     def run_single():
         if helper is None or batched:
             s.eval([0])
-            return
-        with helper_process.locked_cache_saves():
-            with helper.on_first_compile():
-                s.eval([0])  # its block loop from the helper's save when it comes first
-            helper.wait()
+        else:  # its block loop from the helper's save when that comes first
+            helper.beside(lambda: s.eval([0]))
 
     steps = [
         ("batched forward (parallel kernels)", run_batched) if batched else None,
