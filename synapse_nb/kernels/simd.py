@@ -303,32 +303,46 @@ def ir_high_bits64(builder, p0, p1):
 # threads the same kernels measured no different (within this machine's noise).
 PREFETCH_GROUPS = 2
 PREFETCH_MIN_BYTES = 8192
+# The K-quants' and IQ4_XS's super-block kernels (make_superblock4_dot) prefetch into L2 only
+# (prefetcht1: locality 2) and further ahead. Streamed from memory (120 MB matrices of random
+# blocks, 1 thread, best of 9, three alternating rounds), their prefetch into L1 (prefetcht0) ran
+# Q6_K rows of 4864 / 2048 values at 10.0-10.5 / 9.9-10.0 GB/s and Q4_K rows of 1024 / 4864 at
+# 12.0-12.1 / 15.3-15.5 GB/s; into L2, 4 groups and at least 16 KiB ahead: 27.0-28.6 / 28.1-28.2
+# and 20.3-20.9 / 23.7-23.8 GB/s (the machine's one-thread read: 24-28 GB/s; in L3 the same
+# kernels run at 22-26 GB/s). The 32-value formats measured no better into L2 (Q8_0 rows of 896
+# values 29.4-31.4 GB/s into L1, 20.8-29.2 into L2; Q5_0, Q4_1, Q4_0 the same within noise), so they
+# keep the settings above.
+SUPERBLOCK_PREFETCH = dict(groups=4, min_bytes=16384, locality=2)
 
 
-def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes):
+def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, groups=None, min_bytes=None, locality=3):
     """Prefetch the four adjacent weight rows' stream ahead of one block-step of a four-row
     kernel: wp, the rows' pointers at the step's offset wo (i64), each step reading a block of
-    block_bytes from each row. The 4 * block_bytes at max(4 * PREFETCH_GROUPS * stride,
-    PREFETCH_MIN_BYTES) past the rows' start + 4 * wo are fetched (stride: the rows' distance):
-    one stream over the group, continuous from group to group, at the rate it is read. A
-    prefetch past the end of the mapping is dropped, never a fault."""
+    block_bytes from each row. The 4 * block_bytes at max(4 * groups * stride, min_bytes) past
+    the rows' start + 4 * wo are fetched (stride: the rows' distance; groups, min_bytes:
+    PREFETCH_GROUPS, PREFETCH_MIN_BYTES unless given): one stream over the group, continuous from
+    group to group, at the rate it is read; locality: ir_prefetch's cache level. A prefetch past
+    the end of the mapping is dropped, never a fault."""
+    groups = PREFETCH_GROUPS if groups is None else groups
+    min_bytes = PREFETCH_MIN_BYTES if min_bytes is None else min_bytes
     i64 = ir.IntType(64)
     stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-    rows = builder.mul(stride, ir.Constant(i64, 4 * PREFETCH_GROUPS))
-    lo = ir.Constant(i64, PREFETCH_MIN_BYTES)
+    rows = builder.mul(stride, ir.Constant(i64, 4 * groups))
+    lo = ir.Constant(i64, min_bytes)
     ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), builder.select(builder.icmp_unsigned(">", rows, lo),
                                                                               rows, lo))
     for extra in range(0, 4 * block_bytes, 64):
-        ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]))
+        ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]), locality)
 
 
-def ir_prefetch(builder, p):
-    """Emit a prefetch of the cache line at pointer p (llvm.prefetch: read, keep in all caches,
-    data). A prefetch past the end of the mapping is dropped, never a fault; it changes no value."""
+def ir_prefetch(builder, p, locality=3):
+    """Emit a prefetch of the cache line at pointer p (llvm.prefetch: read, data; locality 3 keeps
+    it in all caches, prefetcht0; 2: prefetcht1, into L2 and beyond). A prefetch past the end of
+    the mapping is dropped, never a fault; it changes no value."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
                                         "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
+    builder.call(fn, [builder.bitcast(p, i8p), i32(0), i32(locality), i32(1)])
 
 
 def ir_lookup16(builder, idx, table):
