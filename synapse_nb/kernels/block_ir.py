@@ -173,11 +173,11 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
 
 def _rows4_step(context, builder, sig, args, size):
     """The four weight rows' pointers (i8*) at a 64-element step of a four-row float kernel
-    (args: acc, w0, w1, w2, w3, i, x; values of ``size`` bytes), their prefetch emitted, and the
-    step's byte offset."""
+    (args: acc, w0, w1, w2, w3, i, x; values of ``size`` bytes), their prefetch emitted (into L2,
+    simd.L2_PREFETCH), and the step's byte offset."""
     off = builder.mul(args[5], args[5].type(size))
     wp = [builder.gep(ir_data(context, builder, sig.args[1 + r], args[1 + r]), [off]) for r in range(4)]
-    ir_prefetch_rows_ahead(builder, wp, off, 64 * size)
+    ir_prefetch_rows_ahead(builder, wp, off, 64 * size, **simd.L2_PREFETCH)
     return wp, off
 
 

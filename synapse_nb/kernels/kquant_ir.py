@@ -292,7 +292,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         "scalar" (Q5_K): accx[r] = fma(dmin_r, sum_c mn[c]*bp[c], accx[r]);
         "bsums32" (Q6_K): the lanes start at -32*(sc[2k]*bs[2k] + sc[2k+1]*bs[2k+1]);
         with bs the Q8_K block's 16 bsums, bp[c] = bs[2c] + bs[2c+1].
-    ``prefetch``: fetch the weights ahead (ir_prefetch_rows_ahead with simd.SUPERBLOCK_PREFETCH)."""
+    ``prefetch``: fetch the weights ahead (ir_prefetch_rows_ahead with simd.L2_PREFETCH)."""
     v16f = _V16F
     i16, i64 = ir.IntType(16), ir.IntType(64)
     if dmin_off is not None:
@@ -309,8 +309,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
             wp = [builder.gep(ir_data(context, builder, signature.args[3 + r], v), [wo])
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(ir_data(context, builder, signature.args[8], a), [ao])
-            if prefetch:  # as make_block4_dot, into L2 and further ahead (simd.SUPERBLOCK_PREFETCH)
-                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **simd.SUPERBLOCK_PREFETCH)
+            if prefetch:  # as make_block4_dot, into L2 and further ahead (simd.L2_PREFETCH)
+                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **simd.L2_PREFETCH)
             if use_madd:
                 maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")

@@ -303,16 +303,18 @@ def ir_high_bits64(builder, p0, p1):
 # threads the same kernels measured no different (within this machine's noise).
 PREFETCH_GROUPS = 2
 PREFETCH_MIN_BYTES = 8192
-# The K-quants' and IQ4_XS's super-block kernels (make_superblock4_dot) prefetch into L2 only
-# (prefetcht1: locality 2) and further ahead. Streamed from memory (120 MB matrices of random
-# blocks, 1 thread, best of 9, three alternating rounds), their prefetch into L1 (prefetcht0) ran
-# Q6_K rows of 4864 / 2048 values at 10.0-10.5 / 9.9-10.0 GB/s and Q4_K rows of 1024 / 4864 at
-# 12.0-12.1 / 15.3-15.5 GB/s; into L2, 4 groups and at least 16 KiB ahead: 27.0-28.6 / 28.1-28.2
-# and 20.3-20.9 / 23.7-23.8 GB/s (the machine's one-thread read: 24-28 GB/s; in L3 the same
-# kernels run at 22-26 GB/s). The 32-value formats measured no better into L2 (Q8_0 rows of 896
-# values 29.4-31.4 GB/s into L1, 20.8-29.2 into L2; Q5_0, Q4_1, Q4_0 the same within noise), so they
-# keep the settings above.
-SUPERBLOCK_PREFETCH = dict(groups=4, min_bytes=16384, locality=2)
+# The K-quants' and IQ4_XS's super-block kernels (make_superblock4_dot) and the float formats'
+# (float4_fma, bf16x4_dot) prefetch into L2 only (prefetcht1: locality 2) and further ahead.
+# Streamed from memory (120 MB matrices of random blocks, 1 thread, best of 9, alternating rounds),
+# their prefetch into L1 (prefetcht0, the settings above) ran Q6_K rows of 4864 / 2048 values at
+# 10.0-10.5 / 9.9-10.0 GB/s and Q4_K rows of 1024 / 4864 at 12.0-12.1 / 15.3-15.5 GB/s; into L2, 4
+# groups and at least 16 KiB ahead: 27.0-28.6 / 28.1-28.2 and 20.3-20.9 / 23.7-23.8 GB/s (the
+# machine's one-thread read: 24-28 GB/s; in L3 the same kernels run at 22-26 GB/s); rows of 896
+# values: F32 12.5-12.8 -> 20.3-20.4, BF16 9.6-14.9 -> 21.1-21.7, F16 9.6-11.1 -> 13.7-15.6 GB/s.
+# The 32-value formats measured no better into L2 (Q8_0 rows of 896 values 29.4-31.4 GB/s into L1,
+# 20.8-29.2 into L2; Q5_0, Q4_1, Q4_0 the same within noise; at 2 threads both within this
+# machine's noise), so they keep the settings above.
+L2_PREFETCH = dict(groups=4, min_bytes=16384, locality=2)
 
 
 def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, groups=None, min_bytes=None, locality=3):
