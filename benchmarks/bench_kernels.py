@@ -5,10 +5,14 @@ int8 dot peak (vpdpbusd throughput, measured; the last column is the matmul's sh
     python benchmarks/bench_kernels.py                 # all formats, default shapes
     python benchmarks/bench_kernels.py --formats Q4_0,Q4_K --threads 1
     python benchmarks/bench_kernels.py --asm           # also: vector registers in each row kernel
+    python benchmarks/bench_kernels.py --stream        # also: matvec streamed from memory, 1 and N threads
 
 Shapes are M x K (n_out x n_in): SmolLM2-135M 576x1536, 1536x576, output 49152x576;
-Qwen2.5-0.5B 896x4864, 4864x896, output 151936x896. Weights are random blocks with valid scales
-(throughput does not depend on the values). Numbers are printed, never asserted; the machine is
+Qwen2.5-0.5B 896x4864, 4864x896, output 151936x896 (the smaller ones stay in the L2 / L3 caches
+between repetitions). --stream adds each format's matvec on matrices of --stream-mb (beyond the
+L3 cache, so every repetition reads them from memory, as a decode step does) with rows of 1024 and
+of 4864 values (valid for every format), on 1 thread and on --threads, beside the machine's read.
+Weights are random blocks with valid scales (throughput does not depend on the values). Numbers are printed, never asserted; the machine is
 shared, so the load average is printed too and best-of-N timings are reported.
 """
 
@@ -35,6 +39,8 @@ def parse():
     p.add_argument("--matmul-shapes", default="layers", choices=["layers", "all", "none"],
                    help="shapes for matmul(N=64): the four layer shapes, all, or none")
     p.add_argument("--asm", action="store_true", help="count vector instructions in each row kernel")
+    p.add_argument("--stream", action="store_true", help="matvec GB/s on matrices beyond the L3 cache")
+    p.add_argument("--stream-mb", type=float, default=120.0, help="size of each --stream matrix (MB)")
     return p.parse_args()
 
 
@@ -131,6 +137,24 @@ def main():
                 line += f" {tm * 1e3:12.2f} {gf:8.1f}" + (f" {100 * gf / peak:5.1f}%" if peak else "")
             print(line, flush=True)
             del w
+
+    if args.stream:
+        print(f"\nmatvec streamed from memory ({args.stream_mb:.0f} MB matrices; GB/s of weight bytes, best of "
+              f"{args.reps}):\n{'format':7} {'n_in':>5} {'1 thread':>9} {f'{nthreads} threads':>10}")
+        for name in [f.strip().upper() for f in args.formats.split(",") if f.strip()]:
+            if name not in avail:
+                continue
+            fmt = F.format_of(name)
+            for k in (1024, 4864):
+                w = W(name, int(args.stream_mb * 1e6 // fmt.row_bytes(k)) // 64 * 64, k)
+                x = rng.standard_normal(k).astype(np.float32)
+                gbs = []
+                for nt in (1, nthreads):
+                    numba.set_num_threads(nt)
+                    gbs.append(w.data.nbytes / best_time(lambda: matvec(w, x), args.reps) / 1e9)
+                numba.set_num_threads(nthreads)
+                print(f"{name:7} {k:>5} {gbs[0]:9.1f} {gbs[1]:10.1f}", flush=True)
+                del w
 
     if args.asm:
         print("\nvector code in the row kernels (fresh compile, counts of lines in inspect_asm()):")

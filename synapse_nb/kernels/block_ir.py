@@ -14,7 +14,8 @@ from numba.extending import intrinsic
 
 from . import simd
 from .simd import (flat_args, ir_add_const, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32, ir_lanes_offset,
-                   ir_load, ir_prefetch_rows_ahead, ir_reduce_add_16, ir_splat, ir_vpdpbusd)
+                   ir_load, ir_prefetch_rows_ahead, ir_prefetch_rows_ahead_by_length,
+                   ir_reduce_add_16, ir_splat, ir_vpdpbusd)
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
@@ -114,8 +115,8 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
             # The four rows (adjacent in memory) are read side by side, each slowly (one block a
             # step): the hardware prefetchers lose track of them (4 blocks a step: two lines,
             # three for Q8_0's 136 bytes)
-            if prefetch:
-                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes)
+            if prefetch:  # into L1, or into L2 for long rows (simd.L2_PREFETCH)
+                ir_prefetch_rows_ahead_by_length(builder, wp, wo, block_bytes)
             def at(ptr, off, ty):
                 return builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), off)]),
                                                     ty.as_pointer()), align=1)

@@ -303,18 +303,27 @@ def ir_high_bits64(builder, p0, p1):
 # threads the same kernels measured no different (within this machine's noise).
 PREFETCH_GROUPS = 2
 PREFETCH_MIN_BYTES = 8192
-# The K-quants' and IQ4_XS's super-block kernels (make_superblock4_dot) and the float formats'
-# (float4_fma, bf16x4_dot) prefetch into L2 only (prefetcht1: locality 2) and further ahead.
-# Streamed from memory (120 MB matrices of random blocks, 1 thread, best of 9, alternating rounds),
-# their prefetch into L1 (prefetcht0, the settings above) ran Q6_K rows of 4864 / 2048 values at
-# 10.0-10.5 / 9.9-10.0 GB/s and Q4_K rows of 1024 / 4864 at 12.0-12.1 / 15.3-15.5 GB/s; into L2, 4
-# groups and at least 16 KiB ahead: 27.0-28.6 / 28.1-28.2 and 20.3-20.9 / 23.7-23.8 GB/s (the
-# machine's one-thread read: 24-28 GB/s; in L3 the same kernels run at 22-26 GB/s); rows of 896
-# values: F32 12.5-12.8 -> 20.3-20.4, BF16 9.6-14.9 -> 21.1-21.7, F16 9.6-11.1 -> 13.7-15.6 GB/s.
-# The 32-value formats measured no better into L2 (Q8_0 rows of 896 values 29.4-31.4 GB/s into L1,
-# 20.8-29.2 into L2; Q5_0, Q4_1, Q4_0 the same within noise; at 2 threads both within this
-# machine's noise), so they keep the settings above.
+# Rows whose four-row groups are long are prefetched into L2 only (prefetcht1: locality 2) and
+# further ahead (L2_PREFETCH): PREFETCH_GROUPS groups of such rows in flight into L1 are more than
+# its 32 KiB hold. Streamed from memory (120 MB matrices of random blocks, 1 thread, best of 9,
+# alternating rounds), into L1 / into L2 4 groups and at least 16 KiB ahead, GB/s: Q8_0 rows of
+# 4864 values 14.2-15.4 / 29.0-34.5, of 1536 28.2-29.6 / 31.0-33.1, but of 896 29.7-32.6 /
+# 22.6-32.1 (and at 2 threads, five rounds, rows of 576 / 640 / 896: medians 41.7 / 40.5 / 41.3
+# into L1, 41.8 / 35.0 / 35.4 into L2). The K-quants' and IQ4_XS's super-block kernels
+# (make_superblock4_dot) and the float formats' (float4_fma, bf16x4_dot) measured better into L2
+# whatever their rows: Q6_K rows of 4864 / 2048 values 10.0-10.5 / 9.9-10.0 -> 27.0-28.6 /
+# 28.1-28.2, Q4_K rows of 1024 / 4864 12.0-12.1 / 15.3-15.5 -> 20.3-20.9 / 23.7-23.8, rows of 896
+# values F32 12.5-12.8 -> 20.3-20.4, BF16 9.6-14.9 -> 21.1-21.7, F16 9.6-11.1 -> 13.7-15.6 (the
+# machine's one-thread read: 24-28 GB/s). So those always prefetch into L2, and the 32-value
+# formats' matvec (make_block4_dot) into L2 when PREFETCH_GROUPS groups of its rows are more than
+# PREFETCH_MIN_BYTES (rows of more than 1 KiB), into L1 as above otherwise.
 L2_PREFETCH = dict(groups=4, min_bytes=16384, locality=2)
+
+
+def _stride(builder, wp):
+    """The distance in bytes (i64) of the first two of four adjacent weight rows' pointers."""
+    i64 = ir.IntType(64)
+    return builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
 
 
 def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, groups=None, min_bytes=None, locality=3):
@@ -328,13 +337,26 @@ def ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, groups=None, min_bytes=
     groups = PREFETCH_GROUPS if groups is None else groups
     min_bytes = PREFETCH_MIN_BYTES if min_bytes is None else min_bytes
     i64 = ir.IntType(64)
-    stride = builder.sub(builder.ptrtoint(wp[1], i64), builder.ptrtoint(wp[0], i64))
-    rows = builder.mul(stride, ir.Constant(i64, 4 * groups))
+    rows = builder.mul(_stride(builder, wp), ir.Constant(i64, 4 * groups))
     lo = ir.Constant(i64, min_bytes)
     ahead = builder.add(builder.mul(wo, ir.Constant(i64, 3)), builder.select(builder.icmp_unsigned(">", rows, lo),
                                                                               rows, lo))
     for extra in range(0, 4 * block_bytes, 64):
         ir_prefetch(builder, builder.gep(wp[0], [builder.add(ahead, ir.Constant(i64, extra))]), locality)
+
+
+def ir_prefetch_rows_ahead_by_length(builder, wp, wo, block_bytes):
+    """ir_prefetch_rows_ahead with its defaults (into L1) when 4 * PREFETCH_GROUPS rows take at
+    most PREFETCH_MIN_BYTES, else with L2_PREFETCH: a branch on the rows' length, the same for
+    every step of a call (see L2_PREFETCH)."""
+    i64 = ir.IntType(64)
+    long_rows = builder.icmp_unsigned(">", builder.mul(_stride(builder, wp), ir.Constant(i64, 4 * PREFETCH_GROUPS)),
+                                      ir.Constant(i64, PREFETCH_MIN_BYTES))
+    with builder.if_else(long_rows) as (far, near):
+        with far:
+            ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **L2_PREFETCH)
+        with near:
+            ir_prefetch_rows_ahead(builder, wp, wo, block_bytes)
 
 
 def ir_prefetch(builder, p, locality=3):
