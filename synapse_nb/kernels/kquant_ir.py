@@ -260,7 +260,7 @@ def _lanes64_acc(builder, w8, a8, acc):
 
 
 def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,
-                         small_values=True, values2=None, prefetch=True):
+                         small_values=True, values2=None, prefetch=True, l2_prefetch=True):
     """Build the four-row super-block intrinsic of a K-quant format (kquants.py vec_dot4_T_q8_K):
         sb4_dot(acc01, acc23, accx, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly the super-block step of the format's vec_dot_T_q8_K: the same
@@ -292,7 +292,8 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
         "scalar" (Q5_K): accx[r] = fma(dmin_r, sum_c mn[c]*bp[c], accx[r]);
         "bsums32" (Q6_K): the lanes start at -32*(sc[2k]*bs[2k] + sc[2k+1]*bs[2k+1]);
         with bs the Q8_K block's 16 bsums, bp[c] = bs[2c] + bs[2c+1].
-    ``prefetch``: fetch the weights ahead (ir_prefetch_rows_ahead with simd.L2_PREFETCH)."""
+    ``prefetch``: fetch the weights ahead (ir_prefetch_rows_ahead), into L2 (simd.L2_PREFETCH) when
+    ``l2_prefetch``, else as the 32-value formats' short rows."""
     v16f = _V16F
     i16, i64 = ir.IntType(16), ir.IntType(64)
     if dmin_off is not None:
@@ -310,7 +311,7 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(ir_data(context, builder, signature.args[8], a), [ao])
             if prefetch:  # as make_block4_dot, into L2 and further ahead (simd.L2_PREFETCH)
-                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **simd.L2_PREFETCH)
+                ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **(simd.L2_PREFETCH if l2_prefetch else {}))
             if use_madd:
                 maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")

@@ -570,7 +570,8 @@ _SB4 = {
                               mins="scalar")),
     "q6_K": (Q6_K_BYTES, dict(d_off=208, values=_vals_q6_K, scales=_scales_q6_K, per_half=True, mins="bsums32")),
     "iq4_xs": (IQ4_XS_BYTES, dict(d_off=0, values=_vals_iq4_xs, scales=_scales_iq4_xs, per_half=False,
-                                  offset=128, small_values=False, values2=_vals2_iq4_xs)),
+                                  offset=128, small_values=False, values2=_vals2_iq4_xs,
+                                  l2_prefetch=False)),  # measured no faster into L2 (simd.L2_PREFETCH)
 }
 for _stem, (_wb, _kw) in _SB4.items():
     globals()[f"_sb4_{_stem}"] = make_superblock4_dot(_wb, **_kw)
