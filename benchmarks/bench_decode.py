@@ -34,11 +34,12 @@ def _fused(ws, rng):
     return w0.drivers(1)[0], args + [a, w0.n_scratch], sum(w.rows.nbytes for w in ws)
 
 
-def _groups(name, ws):
-    """[(kind, weights)]: ws as one call when they share a format and n_in, else one call each."""
+def _groups(name, names, ws):
+    """[(kind, weights)]: ws as one call (kind name) when they share a format and n_in, as the
+    step fuses them, else one call each (kinds names)."""
     if len({(w.fmt.name, w.k) for w in ws}) == 1:
         return [(name, ws)]
-    return [(n, [w]) for n, w in zip(name.split("_") if "_" in name else ("q", "k", "v"), ws)]
+    return [(n, [w]) for n, w in zip(names, ws)]
 
 
 def main():
@@ -71,8 +72,8 @@ def main():
     kinds = {}  # kind:format -> [(driver, args, bytes)] in layer order
     order = []
     for L in m.weights.layers:
-        for kind, ws in (_groups("qkv", [L.wq, L.wk, L.wv]) + [("o", [L.wo])]
-                         + _groups("gate_up", [L.w_gate, L.w_up]) + [("down", [L.w_down])]):
+        for kind, ws in (_groups("qkv", ("q", "k", "v"), [L.wq, L.wk, L.wv]) + [("o", [L.wo])]
+                         + _groups("gate_up", ("gate", "up"), [L.w_gate, L.w_up]) + [("down", [L.w_down])]):
             key = f"{kind}:{'/'.join(sorted({w.fmt.name for w in ws}))}"
             item = _fused(ws, rng)
             kinds.setdefault(key, []).append(item)

@@ -61,10 +61,12 @@ def make_block_lanes_fma(decode, offset):
 @intrinsic
 def prefetch4_ahead(typingctx, w0, w1, w_off, block_bytes):
     """Prefetch the stream of four adjacent weight rows (w0, w1: the first two of them, rows of
-    one 2-D array) ahead of a block step at byte offset w_off, as the matvec's block4_dot does
-    (simd.ir_prefetch_rows_ahead; block_bytes: a literal int, the format's block size). For a
-    matmul's several-row kernels (rows_dot8 / rows_dot4): once per weight block, however many
-    activation rows the block then serves. It changes no value."""
+    one 2-D array) ahead of a block step at byte offset w_off, into L1 as the matvec's block4_dot
+    does for short rows (simd.ir_prefetch_rows_ahead; block_bytes: a literal int, the format's
+    block size; the matvec's L2 rule for long rows measured no clear gain here: a few activation
+    rows are bound by their arithmetic). For a matmul's several-row kernels (rows_dot8 /
+    rows_dot4): once per weight block, however many activation rows the block then serves. It
+    changes no value."""
     if not isinstance(block_bytes, types.IntegerLiteral):
         return None
     nbytes = block_bytes.literal_value
@@ -226,8 +228,7 @@ def float4_fma(typingctx, acc, w0, w1, w2, w3, i, x):
     loop (GGML_F32_STEP 64) for four weight rows at once, x loaded (and converted) once for them.
     x: the activation row, float32 (F32) or uint16 (F16 bits, converted exactly); w_r: the rows
     (uint8, adjacent in memory) of values of x's type; acc: float32 [256]; i: the element offset
-    of the step. The rows are prefetched ahead (ir_prefetch_rows_ahead), as the block formats'
-    four-row kernels do."""
+    of the step. The rows are prefetched ahead into L2 (_rows4_step, simd.L2_PREFETCH)."""
     if not (isinstance(x, types.Array) and x.dtype in (types.float32, types.uint16) and flat_args(acc, w0, w1, w2, w3)):
         return None
     half = x.dtype == types.uint16

@@ -310,13 +310,13 @@ PREFETCH_MIN_BYTES = 8192
 # 4864 values 14.2-15.4 / 29.0-34.5, of 1536 28.2-29.6 / 31.0-33.1, but of 896 29.7-32.6 /
 # 22.6-32.1 (and at 2 threads, five rounds, rows of 576 / 640 / 896: medians 41.7 / 40.5 / 41.3
 # into L1, 41.8 / 35.0 / 35.4 into L2). The K-quants' super-block kernels (make_superblock4_dot)
-# and the float formats' (float4_fma, bf16x4_dot) measured better into L2
-# whatever their rows: Q6_K rows of 4864 / 2048 values 10.0-10.5 / 9.9-10.0 -> 27.0-28.6 /
-# 28.1-28.2, Q4_K rows of 1024 / 4864 12.0-12.1 / 15.3-15.5 -> 20.3-20.9 / 23.7-23.8, rows of 896
-# values F32 12.5-12.8 -> 20.3-20.4, BF16 9.6-14.9 -> 21.1-21.7, F16 9.6-11.1 -> 13.7-15.6 (the
-# machine's one-thread read: 24-28 GB/s); IQ4_XS's (bound by its lookups: 12-15 GB/s on 1 thread
-# either way, 19-28 / 15-28 at 2) no better, so it keeps L1. Those prefetch into L2, and the 32-value
-# formats' matvec (make_block4_dot) into L2 when PREFETCH_GROUPS groups of its rows are more than
+# and the float formats' (float4_fma, bf16x4_dot) measured better into L2 whatever their rows:
+# Q6_K rows of 4864 / 2048 values 10.0-10.5 / 9.9-10.0 -> 27.0-28.6 / 28.1-28.2, Q4_K rows of
+# 1024 / 4864 12.0-12.1 / 15.3-15.5 -> 20.3-20.9 / 23.7-23.8, rows of 896 values F32 12.5-12.8 ->
+# 20.3-20.4, BF16 9.6-14.9 -> 21.1-21.7, F16 9.6-11.1 -> 13.7-15.6 (the machine's one-thread read:
+# 24-28 GB/s); IQ4_XS's (bound by its lookups: 12-15 GB/s on 1 thread either way, 19-28 / 15-28
+# at 2) no better, so it keeps L1. Those prefetch into L2, and the 32-value formats' matvec
+# (make_block4_dot) into L2 when PREFETCH_GROUPS groups of its rows are more than
 # PREFETCH_MIN_BYTES (rows of more than 1 KiB), into L1 as above otherwise.
 L2_PREFETCH = dict(groups=4, min_bytes=16384, locality=2)
 
