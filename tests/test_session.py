@@ -319,9 +319,11 @@ def test_warmup_of_a_run_takes_the_steps_the_run_uses():
     assert _run_needs(hp, 5, 1, 64, 512) == (True, False, {ser, (False, False)})  # no decode step: no serial forward
     assert _run_needs(hp, 5, 2, 64, 512)[:2] == (True, True)
     assert _run_needs(hp, 65, 1, 64, 512)[:2] == (True, True)  # the last batch is 1 token
-    assert _run_needs(hp, 64, 1, 1, 512) == (False, True, {ser})  # -b 1: every batch is 1 token
     # parallel attention: as attention_rows decides, for each batch and decode step
     big = next(p for p in range(1, 1 << 20) if uses_parallel(1, p, hp.n_head, hp.head_dim_k, hp.head_dim_v))
+    assert 1 < big <= 63  # -b 1: every batch is 1 token, the rows at positions big.. parallel
+    assert _run_needs(hp, 64, 1, 1, 512) == (False, True, {ser, par})
+    assert _run_needs(hp, big, 1, 1, 512) == (False, True, {ser})
     assert _run_needs(hp, 1, 8, 64, big + 10)[2] == {ser}
     assert _run_needs(hp, 1, -1, 64, big + 10)[2] == {ser, par}  # -n -1: to the end of the context
     assert _run_needs(hp, 1, big + 1, 64, big + 10)[2] == {ser, par}  # the last step is evaluated at position big

@@ -979,9 +979,17 @@ class Workspace:
 
 # Below this many multiply-adds (q.k plus p.V over all rows and heads) one thread is faster than
 # waking the others: once for the per-head kernel and a prefill batch, three times for a decode
-# row of the vector kernels (its three loops), which also does the work 3x faster.
+# row of the vector kernels (its three loops). A decode row's threshold is set by whole decode
+# steps, not by the kernel alone (bench_attention.py, where the cache stays warm): inside a step
+# the K/V cache has been evicted by the weights' stream, so two threads read it faster, and a
+# serial stretch of more than ~25 us lets the idle OpenMP worker sleep (GOMP_SPINCOUNT=1000),
+# whose wake-up then costs the next matvec ~25 us. Measured on 2 threads, each decode step run
+# with the serial and the parallel kernel in turn in one process (whole-step ms, serial /
+# parallel): SmolLM2 positions 10..44 7.69 / 7.54 and 7.20 / 8.06, 45..85 8.73 / 7.89 and 7.61 /
+# 7.25, 86..299 7.71 / 6.82 and 7.62 / 6.61; Qwen2.5 55..299 23.4 / 22.1; Gemma 3 48..299 14.1 /
+# 13.3. (The old threshold, 1 << 19, kept SmolLM2's decode serial up to n_kv 455.)
 PARALLEL_MIN_WORK = 1 << 17
-DECODE_PARALLEL_MIN_WORK = 1 << 19
+DECODE_PARALLEL_MIN_WORK = 1 << 16  # SmolLM2 from n_kv 57, Qwen2.5 from 37, Gemma 3 from 32
 
 
 def uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v):
