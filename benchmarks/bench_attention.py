@@ -21,7 +21,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")  # as Session sets it (see sessi
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import literally, njit, prange  # noqa: E402
+from numba import njit, prange  # noqa: E402
 
 from synapse_nb.kernels import attention as A  # noqa: E402
 
@@ -53,31 +53,37 @@ def _read_sum(a, out):
         out[r] = s
 
 
-@njit(parallel=True, cache=False)
-def _phase_qk(kc, pos0, n_head, n_head_kv, qd, scd, n64, qa, qb):
-    gqa = n_head // n_head_kv
-    nblk = (pos0 + KT) // KT
-    nqk = (nblk + A.QK_TILES - 1) // A.QK_TILES
-    nt, hd_k = kc.shape[1], kc.shape[2]
-    for it in prange(n_head_kv * nqk):
-        b0 = (it % nqk) * A.QK_TILES
-        A._decode_qk(scd.ravel(), kc.ravel(), qd.ravel(), it // nqk, b0, min(nblk, b0 + A.QK_TILES), nt, gqa, hd_k,
-                     scd.shape[1], literally(n64), literally(qa), literally(qb))
+def _phases(plan):
+    """The decode row's three loops as separate parallel functions (q.k, softmax, p.V), with plan's
+    literals (VectorPlan: n64, qa, qb, pa, pb) as constants of their code, as vector_kernel compiles
+    them in (a literally() argument would send every call through Numba's literal dispatch)."""
+    n64, qa, qb, pa, pb = plan
 
+    @njit(parallel=True, cache=False)
+    def qk(kc, pos0, n_head, n_head_kv, qd, scd):
+        gqa = n_head // n_head_kv
+        nblk = (pos0 + KT) // KT
+        nqk = (nblk + A.QK_TILES - 1) // A.QK_TILES
+        nt, hd_k = kc.shape[1], kc.shape[2]
+        for it in prange(n_head_kv * nqk):
+            b0 = (it % nqk) * A.QK_TILES
+            A._decode_qk(scd.ravel(), kc.ravel(), qd.ravel(), it // nqk, b0, min(nblk, b0 + A.QK_TILES), nt, gqa,
+                         hd_k, scd.shape[1], n64, qa, qb)
 
-@njit(parallel=True, cache=False)
-def _phase_softmax(pos0, n_head, scd, scale):
-    for h in prange(n_head):
-        A._softmax(scd.ravel(), h * scd.shape[1], pos0 + 1, scale)
+    @njit(parallel=True, cache=False)
+    def softmax(pos0, n_head, scd, scale):
+        for h in prange(n_head):
+            A._softmax(scd.ravel(), h * scd.shape[1], pos0 + 1, scale)
 
+    @njit(parallel=True, cache=False)
+    def pv(vc, pos0, n_head, n_head_kv, scd, accd):
+        gqa = n_head // n_head_kv
+        nt, hd_v = vc.shape[2], vc.shape[3]
+        for it in prange(n_head_kv * 4):
+            A._decode_pv(accd.ravel(), vc.ravel(), scd.ravel(), it // 4, it % 4, gqa, hd_v, nt, scd.shape[1], 0,
+                         pos0 + 1, pa, pb)
 
-@njit(parallel=True, cache=False)
-def _phase_pv(vc, pos0, n_head, n_head_kv, scd, accd, pa, pb):
-    gqa = n_head // n_head_kv
-    nt, hd_v = vc.shape[2], vc.shape[3]
-    for it in prange(n_head_kv * 4):
-        A._decode_pv(accd.ravel(), vc.ravel(), scd.ravel(), it // 4, it % 4, gqa, hd_v, nt, scd.shape[1], pos0 + 1,
-                     literally(pa), literally(pb))
+    return qk, softmax, pv
 
 
 def main():
@@ -106,7 +112,7 @@ def main():
                    rng.standard_normal(vs).astype(np.float16).view(np.uint16)) for _ in range(a.layers)]
         scale = np.float32(1 / np.sqrt(hd))
         ws = A.Workspace(n_ctx, nh, nkv, hd, hd)
-        for n in (1, 64):
+        for n in (1, 64) if a.n_past >= 64 else (1,):  # the 64-row batch ends at position n_past
             pos = a.n_past if n == 1 else a.n_past - n
             q = rng.standard_normal((n, nh * hd)).astype(np.float32)
             out = np.empty((n, nh * hd), np.float32)
@@ -127,10 +133,11 @@ def main():
                       flush=True)
                 if n == 1 and not a.no_phases:
                     qd, scd, accd = ws.decode  # views of ws.buf
-                    tq = best(lambda: [_phase_qk(kc, pos, nh, nkv, qd, scd, *ws.plan[:3]) for kc, vc in caches], reps) / len(caches)
-                    ts = best(lambda: [_phase_softmax(pos, nh, scd, scale) for _ in caches], reps) / len(caches)
+                    phase_qk, phase_softmax, phase_pv = _phases(ws.plan)
+                    tq = best(lambda: [phase_qk(kc, pos, nh, nkv, qd, scd) for kc, vc in caches], reps) / len(caches)
+                    ts = best(lambda: [phase_softmax(pos, nh, scd, scale) for _ in caches], reps) / len(caches)
                     scd[:] = 1e-3
-                    tp = best(lambda: [_phase_pv(vc, pos, nh, nkv, scd, accd, *ws.plan[3:]) for kc, vc in caches], reps) / len(caches)
+                    tp = best(lambda: [phase_pv(vc, pos, nh, nkv, scd, accd) for kc, vc in caches], reps) / len(caches)
                     half, m = kv_bytes / 2, macs / 2
                     print(f"{'':8s}   phases alone: q.k {tq * 1e6:6.1f} µs ({half / tq / 1e9:5.1f} GB/s, {m / tq / 1e9:5.1f} "
                           f"GMAC/s), softmax {ts * 1e6:6.1f} µs, p.V {tp * 1e6:6.1f} µs ({half / tp / 1e9:5.1f} GB/s, "
