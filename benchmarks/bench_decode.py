@@ -12,8 +12,17 @@ ms a token, us a call and GB/s. The matvecs' converted input is made once (a dec
 it once per input too; that conversion is part of "the rest"). Each call here also pays the
 Python dispatch of a kernel (printed: an empty call), which the step's compiled layer loop does
 not, so "the rest of the step" (step minus the matvecs) is a lower bound of the norms, RoPE, the
-K/V store, attention, conversions and the loop itself. One process, nothing asserted: on a
-shared machine compare figures from the same run.
+K/V store, attention, conversions and the loop itself.
+
+Then the rest of the step by kind (--rest-pos, default 32: the attention's length): decode steps
+at that position (each step's K/V truncated again) in which every kernel the layer loop calls is a
+no-op of its signature except one kind, in turn: the attention, the K/V store, the activations'
+conversions, the RMS norms, RoPE, the FFN's activation, and the matvec drivers on weights of 0
+rows (their parallel regions' launch, no weight read); "the loop" is every kernel a no-op. Each
+kind's row is its steps' layer-loop time minus the loop's (medians over --rounds steps, the
+variants taken in turn, with a real step between them so that the weights' stream evicts the
+caches as in decoding). One process, nothing asserted: on a shared machine compare figures from
+the same run.
 """
 
 import argparse
@@ -42,11 +51,90 @@ def _groups(name, names, ws):
     return [(n, [w]) for n, w in zip(names, ws)]
 
 
+def _noops():
+    """{kind: address}: a compiled no-op of each kind's signature (graph.SIGNATURES)."""
+    from numba import njit
+
+    from synapse_nb.kernels import graph as G
+    from synapse_nb.kernels.native import native_fn
+
+    out = {}
+    for k in G.KINDS:
+        ns = {}
+        exec(f"def f({', '.join(f'a{i}' for i in range(len(G.SIGNATURES[k])))}):\n    pass", ns)
+        out[k] = native_fn(njit(ns["f"]), *G.SIGNATURES[k]).addr
+    return out
+
+
+# The rest of a step by kind: (label, the row-kernel columns, the matmul-table fields and the
+# segment-table attention it keeps real; "mv0": the matvec drivers real on weights of 0 rows)
+_REST = (("attention", ("ATTN", "ATTN_SEGS"), (), True), ("K/V store", ("STORE",), (), False),
+         ("activation conversions", (), ("ACT_N", "ACT_1"), False), ("RMS norms", ("RMS",), (), False),
+         ("RoPE", ("ROPE",), (), False), ("FFN activation", ("SWIGLU",), (), False),
+         ("matvec launches (0 rows)", (), ("MM_N", "MM_1", "mv0"), False))
+
+
+def _rest_by_kind(m, s, pos, rounds):
+    """{label: ms a step} of the layer loop with every kernel a no-op but one kind (see the
+    module's docstring), and "the loop" (all no-ops), "layers" (nothing replaced)."""
+    from synapse_nb.kernels import graph as G
+
+    noop = _noops()
+    rk_kinds = {"RMS": "rms_norm", "ROPE": "rope", "SWIGLU": "geglu" if m._graph_tables().geglu else "swiglu",
+                "STORE": "store_kv", "ATTN": "attention", "ATTN_SEGS": "attention_segs"}
+    mt_kinds = {"MM_N": "matvec", "MM_1": "matvec", "ACT_N": "convert", "ACT_1": "convert"}
+    variants = [("layers", None), ("the loop", ((), (), False))] + [(r[0], r[1:]) for r in _REST]
+    times = {v: [] for v, _ in variants}
+    cur = [None]
+    real = G.layers
+
+    def patched(acts, inputs, cache, scratch, kernels, vecs, segs, *rest):
+        label, keep = cur[0]
+        mt, rk = kernels
+        if keep is not None:
+            rk_keep, mt_keep, attn = keep
+            mt, rk, segs = mt.copy(), rk.copy(), segs.copy()
+            for col, k in rk_kinds.items():
+                if col not in rk_keep:
+                    c = getattr(G, col)
+                    rk[:, c] = np.where(rk[:, c] != 0, noop[k], 0)
+            for f, k in mt_kinds.items():
+                if f not in mt_keep:
+                    c = getattr(G, f)
+                    mt[:, :, c] = np.where(mt[:, :, c] != 0, noop[k], 0)
+            if "mv0" in mt_keep:
+                mt[:, :, G.M] = 0
+            if not attn:
+                segs[:, G.SEG_ATTN] = noop["attention"]
+        t0 = time.perf_counter()
+        real(acts, inputs, cache, scratch, (mt, rk), vecs, segs, *rest)
+        if label is not None:
+            times[label].append(time.perf_counter() - t0)
+
+    ids = m.tokenizer.tokenize("The capital of France is" * 64, add_special=True, parse_special=False)
+    s.truncate(0)
+    s.eval(ids[:pos])
+    G.layers = patched
+    try:
+        for _ in range(rounds):
+            for v in variants:
+                cur[0] = v
+                s.eval([1000])
+                s.truncate(pos)
+                cur[0] = (None, None)
+                s.eval([1000])  # a real step: the weights stream through the caches
+                s.truncate(pos)
+    finally:
+        G.layers = real
+    return {v: float(np.median(t[2:])) * 1e3 for v, t in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="smollm2-135m-instruct-q4_1")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rest-pos", type=int, default=32, help="position of the rest-by-kind steps")
     a = ap.parse_args()
 
     import numba
@@ -113,6 +201,15 @@ def main():
         print(f"| {k} | {len(items)} | {b / 1e6:.1f} | {t * 1e3:.3f} | {t / len(items) * 1e6:.1f} | {b / t / 1e9:.1f} |")
     print(f"| all matvecs | | {total_b / 1e6:.1f} | {total_t * 1e3:.3f} | | {total_b / total_t / 1e9:.1f} |")
     print(f"the rest of the step: {(step - total_t) * 1e3:.3f} ms")
+
+    rest = _rest_by_kind(m, s, a.rest_pos, max(a.rounds, 8) * 2)
+    loop = rest["the loop"]
+    print(f"\nthe layer loop's time by kind at position {a.rest_pos} (ms a step; the layer loop whole "
+          f"{rest['layers']:.3f} ms)\n| kind | ms | us a layer |\n|---|---:|---:|")
+    n_layer = len(m.weights.layers)
+    print(f"| the loop (every kernel a no-op) | {loop:.3f} | {loop / n_layer * 1e3:.1f} |")
+    for label, *_ in _REST:
+        print(f"| {label} | {rest[label] - loop:.3f} | {(rest[label] - loop) / n_layer * 1e3:.1f} |")
 
 
 if __name__ == "__main__":
