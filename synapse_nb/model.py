@@ -200,7 +200,7 @@ class Model:
                 st.temp[t, 0] = f32(math.log(float(math.floor(r)) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0)
 
     def forward(self, st: ForwardState, cache: KVCache, tokens: np.ndarray, n_past: int,
-                all_logits: bool, want_logits: bool = True) -> np.ndarray | None:
+                all_logits: bool, want_logits: bool = True, head: bool = True) -> np.ndarray | None:
         """Run the graph on tokens at positions n_past.., appending their K/V to the cache.
 
         tokens: int64 [n], 1 <= n <= st.n_batch, ids in [0, n_vocab); n_past + n <= cache.n_ctx
@@ -208,7 +208,10 @@ class Model:
         [1, n_vocab] for the last token (llama.cpp without an output mask computes the last
         layer's FFN and the head for the output rows only; the values are the same). With
         want_logits=False (a prefill batch whose logits nobody reads) the last layer stops once
-        its K/V are cached and None is returned.
+        its K/V are cached and None is returned. head=False (the warm-up's batched forward, which
+        compiles the batch's kernels and not the head's matmul, which a run reading its last row's
+        logits never calls): the rows go through every layer as for their logits, and None is
+        returned.
         """
         n = len(tokens)
         hp = self.hparams
@@ -220,7 +223,7 @@ class Model:
         x = self._run_layers(st, cache.k[np.newaxis], cache.v[np.newaxis], tokens,
                              np.arange(n_past, n_past + n, dtype=np.int64), segs, tabs.matmuls(n > 1, last_row), rk,
                              want_logits, all_logits)
-        if not want_logits:
+        if not want_logits or not head:
             return None  # the cache is complete; nothing after the last layer's K/V feeds it
         return self._head(st, x[-1:] if last_row else x)
 

@@ -6,6 +6,8 @@ Shared by the warm-up (synapse_nb.compilation.warmup) and its helper process
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..kernels import attention as _attn
 from ..kernels.ops import SERIAL_ROWS
 from ..model import Model
@@ -18,6 +20,16 @@ def warmup_session(model: Model, override: dict) -> Session:
     s = Session(model, n_ctx=3, n_threads=None, n_batch=2)
     s.state.attn_ws.parallel_override = dict(override)
     return s
+
+
+def batched_layers(model: Model, s: Session, head: bool) -> None:
+    """Run s's 2-token batch at position 0 through every layer, each row to the last layer's end
+    (no one-row kernel: those are the single-token forward's), and through the output head when
+    head. A run that reads its last row's logits calls the one-row head only, so its warm-up
+    leaves the head out (the head's batch matmul and conversion were 2.7 s of SmolLM2's first
+    run); a warm-up for every run (a server's, perplexity's) keeps it. The Session's own position
+    stays 0 (the cache's 2 positions are overwritten by its next forward)."""
+    model.forward(s.state, s.cache, np.zeros(2, np.int64), 0, all_logits=True, head=head)
 
 
 def compile_attention(model: Model, s: Session, kinds) -> None:

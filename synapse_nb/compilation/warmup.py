@@ -13,7 +13,7 @@ from ..kernels import attention as _attn
 from ..model import Model
 from ..session import DEFAULT_N_BATCH, default_n_ctx
 from . import helper as helper_process
-from .forwards import compile_attention, compile_segments, warmup_session
+from .forwards import batched_layers, compile_attention, compile_segments, warmup_session
 
 
 def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
@@ -104,9 +104,9 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         if helper is None:
             s.eval([0, 0])
             return
-        # all logits: no one-row call (its kernels are the helper's); the run's last batch
-        # makes those on its last layer, which the single-token forward also makes
-        helper.beside(lambda: s.eval([0, 0], all_logits=True))
+        # every row through the last layer: no one-row call (its kernels are the helper's); the
+        # run's last batch makes those on its last layer, which the single-token forward also makes; the head's batch matmul only for a warm-up of every run (n_prompt None)
+        helper.beside(lambda: batched_layers(model, s, head=n_prompt is None))
         if not single and helper.started:  # no single-token step to load them: the run's forward
             s.truncate(0)
             s.eval([0, 0])
