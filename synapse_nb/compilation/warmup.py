@@ -105,7 +105,8 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             s.eval([0, 0])
             return
         # every row through the last layer: no one-row call (its kernels are the helper's); the
-        # run's last batch makes those on its last layer, which the single-token forward also makes; the head's batch matmul only for a warm-up of every run (n_prompt None)
+        # run's last batch makes those on its last layer, which the single-token forward also
+        # makes. The head's batch matmul only for a warm-up of every run (n_prompt None).
         helper.beside(lambda: batched_layers(model, s, head=n_prompt is None))
         if not single and helper.started:  # no single-token step to load them: the run's forward
             s.truncate(0)
