@@ -26,9 +26,8 @@ def run(o) -> int:
     from synapse_nb.jit import fast_start
 
     fast_start()  # before the first kernel: Numba set up for loading cached kernels (synapse_nb.jit)
-    from synapse_nb import SynapseError, engine
+    from synapse_nb import engine
     from synapse_nb.grammar import grammar_from_options
-    from synapse_nb.session import check_n_ctx, check_token_ids, resolve_n_ctx
 
     if o.logits_out is not None and not o.logits_out.endswith(".npy"):
         raise click.BadParameter("must end in .npy", param_hint="--logits-out")
@@ -44,6 +43,17 @@ def run(o) -> int:
     if o.logits_out is not None:
         # Checked before any work: the output never replaces an input or an existing file.
         _check_output(o.logits_out, inputs=(str(path), o.file))
+    # on a cold cache the compile helper starts at the vocabulary's first compile (engine.compiling_ahead)
+    with engine.compiling_ahead(path, o.n_threads) as ahead:
+        return _complete(o, path, t_start, grammar_text, ahead)
+
+
+def _complete(o, path, t_start, grammar_text, ahead) -> int:
+    """run's work from the model's load on (t_start: before the model's name resolved), the
+    warm-up's compile helper ahead (or None)."""
+    from synapse_nb import SynapseError, engine
+    from synapse_nb.session import check_n_ctx, check_token_ids, resolve_n_ctx
+
     model = engine.load_model(path)
     tok, hp = model.tokenizer, model.hparams
     load_ms = round(1e3 * (time.perf_counter() - t_start), 2)
@@ -92,7 +102,8 @@ def run(o) -> int:
         # --prefill-check runs batched and token by token: every kernel, else this run's only
         run = {} if o.prefill_check else dict(n_prompt=len(prompt_ids), n_predict=o.n_predict,
                                               n_batch=session.n_batch, n_ctx=session.n_ctx)
-        compile_s = engine.warm_up(model, progress=progress, sampler=sampler, jobs=min(2, n_threads), **run)
+        compile_s = engine.warm_up(model, progress=progress, sampler=sampler, jobs=min(2, n_threads),
+                                   ahead=ahead, **run)
     if o.prefill_check:
         n_ctx = session.n_ctx
         del session  # prefill_check makes its own two sessions

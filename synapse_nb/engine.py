@@ -9,6 +9,7 @@ table (synapse_nb.options, sampling.build_sampler). Nothing here prints: the mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,19 +39,44 @@ def open_session(model: Model, n_ctx: int | None = None, n_threads: int | None =
     return Session(model, n_ctx=n_ctx, n_threads=all_cores(n_threads), n_batch=n_batch, swa_full=swa_full)
 
 
+@contextlib.contextmanager
+def compiling_ahead(path, n_threads: int | None = None):
+    """Within the block (a completion's model load and tokenization, up to its warm_up), a cold
+    cache's first compile starts the warm-up's compile helper at once (compilation.helper,
+    Helper.ahead): it compiles the block loop while this process compiles the vocabulary's
+    kernels, then the part of the warm-up that warm_up(..., ahead=helper) tells it. Yields that
+    Helper, or None when the run has one thread (all_cores(n_threads), at most Numba's pool) or
+    no helper can run here. At the block's end a helper the warm-up did not take is killed (the
+    run ended before its warm-up: an error, --tokenize).
+    """
+    from .compilation import helper as helper_process
+    from .session import usable_threads
+
+    if usable_threads(all_cores(n_threads)) < 2 or not helper_process.available():
+        yield None
+        return
+    ahead = helper_process.Helper.ahead(path)
+    ahead.start_on_first_compile()
+    try:
+        yield ahead
+    finally:
+        ahead.cancel(kill=True)
+
+
 def warm_up(model: Model, *, progress=None, sampler=None, all_samplers: bool = False, jobs: int = 1,
-            **run) -> float:
+            ahead=None, **run) -> float:
     """Compile (or load from Numba's cache) the kernels a run calls; returns the seconds it took.
 
     The forward's kernels (synapse_nb.compilation.warmup.warmup with progress, jobs and `run`:
-    n_prompt, n_predict, n_batch, n_ctx to compile only what that run calls), then those of
-    `sampler`'s chain (a Sampler), or of every chain with all_samplers (a server: any request's).
+    n_prompt, n_predict, n_batch, n_ctx to compile only what that run calls; ahead, the Helper
+    of compiling_ahead), then those of `sampler`'s chain (a Sampler), or of every chain with
+    all_samplers (a server: any request's).
     """
     from .compilation.warmup import warmup
     from .sampling import warmup as sampling_warmup
 
     t0 = time.perf_counter()
-    warmup(model, progress=progress, jobs=jobs, **run)
+    warmup(model, progress=progress, jobs=jobs, ahead=ahead, **run)
     if sampler is not None or all_samplers:
         sampling_warmup(sampler)
     return time.perf_counter() - t0

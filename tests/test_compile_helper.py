@@ -34,20 +34,27 @@ head = type(m)._head
 m._head = lambda st, x: (head_rows.append(len(x)), head(m, st, x))[1]
 names = []
 n_prompt = int(sys.argv[4])
+ahead = None
+if sys.argv[5] == "ahead":  # as a completion: the helper started at the vocabulary's first compile
+    ahead = helper.Helper.ahead(sys.argv[1])
+    ahead.start_on_first_compile()
 with watch_compiles(names.append):
-    warmup(m, n_prompt=n_prompt, n_predict=int(sys.argv[3]), n_ctx=64, jobs=2)
+    if ahead is not None:
+        m.tokenizer.tokenize("Hello", add_special=True, parse_special=False)
+        started_ahead = ahead.started
+    warmup(m, n_prompt=n_prompt, n_predict=int(sys.argv[3]), n_ctx=64, jobs=2, ahead=ahead)
 del m._head
 s = Session(m, n_ctx=64, n_threads=2)
 print(json.dumps({"compiled": names, "tokens": s.generate([1, 2, 3, 4, 5][:n_prompt], 4, ignore_eos=True),
-                  "helpers": [[json.loads(h._args[1])["single"], h.started] for h in helpers],
-                  "head_rows": head_rows}))
+                  "helpers": [[json.loads(h._spec)["single"], h.started] for h in helpers],
+                  "head_rows": head_rows, "started_ahead": ahead is not None and started_ahead}))
 """
 
 
-def _run(cache, cwd=ROOT, n_predict=4, n_prompt=5):
+def _run(cache, cwd=ROOT, n_predict=4, n_prompt=5, ahead=False):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY), str(ROOT), str(n_predict), str(n_prompt)], cwd=cwd,
-                       env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY), str(ROOT), str(n_predict), str(n_prompt),
+                        "ahead" if ahead else "-"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -111,6 +118,56 @@ def test_cold_warmup_of_a_one_token_prompt_leaves_the_block_loop_to_the_helper(t
     second = _run(tmp_path, n_prompt=1)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
     assert second["helpers"] == [[False, False]]
+
+
+@pytest.mark.slow
+@pytest.mark.cold_compile
+@pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
+@pytest.mark.parametrize("n_prompt", [5, 1])
+def test_cold_helper_started_ahead_at_the_vocabulary_compile(tmp_path, n_prompt):
+    """A completion's helper (engine.compiling_ahead) starts at the first compile of the
+    tokenizer, before the warm-up knows the run: it compiles the block loop meanwhile, then the
+    part the warm-up tells it (the single-token forward beside a batched one; for a one-token
+    prompt nothing more). The warm-up's process compiles neither the loop nor the other
+    process's half, and a second process compiles nothing and decodes the same tokens."""
+    first = _run(tmp_path, n_prompt=n_prompt, ahead=True)
+    assert first["started_ahead"]
+    assert first["helpers"] == [[n_prompt > 1, True]]
+    assert "layers" not in first["compiled"], first["compiled"]
+    if n_prompt > 1:
+        assert any(n.startswith("_mm_") for n in first["compiled"])
+        assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
+    else:
+        assert any(n.startswith("_mv_") for n in first["compiled"])
+    second = _run(tmp_path, n_prompt=n_prompt, ahead=True)
+    assert second["compiled"] == [] and second["tokens"] == first["tokens"]
+    assert not second["started_ahead"] and second["helpers"] == [[n_prompt > 1, False]]
+
+
+@pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
+def test_a_helper_ahead_the_run_does_not_take_is_killed(tmp_path):
+    """A run that ends before its warm-up (an error, --tokenize) kills the helper it started
+    ahead; a helper told nothing more (cancel) ends on its own; neither is left running."""
+    from synapse_nb.engine import compiling_ahead
+
+    with compiling_ahead(TINY, 2) as ahead:
+        if ahead is None:
+            pytest.skip("one Numba thread: no helper")
+        ahead._start()
+        proc = ahead._proc
+    assert proc.returncode is not None
+    assert _saves_unlocked()
+    ahead = compile_helper.Helper.ahead(TINY)
+    ahead._start()
+    ahead.cancel()
+    assert ahead._proc.returncode == 0
+
+
+def _saves_unlocked():
+    """Numba's own cache save is back (the helper's lock released once it was waited for)."""
+    from numba.core.caching import IndexDataCacheFile
+
+    return "locked" not in IndexDataCacheFile.save.__name__
 
 
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")

@@ -16,12 +16,17 @@ while the warm-up's process compiles the single-token kernels.
 
 A Helper starts the process only when the warm-up really compiles (Numba's first
 "numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it
-touches its kernels. Nothing depends on it for correctness: a kernel it did not write in time
+touches its kernels. A completion can start it earlier (Helper.ahead, engine.compiling_ahead):
+at the first compile of the model's load and the prompt's tokenization (the vocabulary's
+kernels, 2.6-3.4 s of a cold SmolLM2 run), before the warm-up knows what the run needs. That
+process compiles the block loop, which the helper compiles first in every case, and then reads
+the rest of its work (the JSON of main's argv) from its standard input, which the warm-up writes
+(Helper.tell) or closes (Helper.cancel: nothing more to do). Nothing depends on it for correctness: a kernel it did not write in time
 (it failed, or was killed) is compiled by the warm-up as without it, and its outputs go to
 /dev/null (stdout is the product). It exits when the warm-up's process is gone.
 
-Both processes save to the same cache files, so while a Helper runs each of them takes an
-exclusive lock on the cache directory around Numba's index update and data write
+Both processes save to the same cache files, so from a Helper's start until it is waited for each
+of them takes an exclusive lock on the cache directory around Numba's index update and data write
 (locked_cache_saves): without it two processes saving different signatures of one function
 could both take data file number 1, and the index would name the other's code.
 """
@@ -74,19 +79,32 @@ def locked_cache_saves():
         cls.save = save
 
 
+def _spec(override: dict, rest, single: bool) -> str:
+    return json.dumps({"override": sorted(override.items()), "rest": sorted(rest), "single": single})
+
+
 class Helper:
     """The helper process of one warm-up: the block loop, the single-token forward (unless
     single=False: a warm-up with no batched forward, whose own process compiles it) and the
     attention kernels of ``rest`` (see compilation.warmup) on the model at ``path``, with
     ``override`` as the warm-up Session's Workspace.parallel_override. ``helper.beside(work)`` runs
-    the work it compiles beside."""
+    the work it compiles beside. Helper.ahead(path) is one whose work is told later (tell)."""
 
     TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
 
-    def __init__(self, path, override: dict, rest, single: bool = True):
-        self._args = [os.path.abspath(path), json.dumps({"override": sorted(override.items()), "rest": sorted(rest),
-                                                         "single": single})]
+    def __init__(self, path, override: dict | None = None, rest=(), single: bool = True):
+        self._path = os.path.abspath(path)
+        self._spec = None if override is None else _spec(override, rest, single)
         self._proc = None
+        self._told = self._spec is not None  # its work is known (given, told, or cancelled)
+        self._locks = None  # locked_cache_saves while the process may save
+        self._watch = None
+
+    @classmethod
+    def ahead(cls, path) -> "Helper":
+        """A Helper for the model at path whose work the warm-up tells it later (tell, or cancel);
+        start_on_first_compile() starts it at this process's first compile."""
+        return cls(path)
 
     def _start(self):
         if self._proc is not None:
@@ -95,33 +113,78 @@ class Helper:
         # source files): its directory goes first on sys.path, before the working directory
         # (which may hold another copy, e.g. a source checkout beside an installed package).
         pkg = _package_dir()
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); from synapse_nb.compilation.helper import main; "
-                "sys.exit(main(sys.argv[2:]))")
+        # os._exit: what it compiled is saved, and the warm-up waits for its exit, not for
+        # the interpreter's teardown of Numba's and LLVM's objects (0.1-0.15 s)
+        code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from synapse_nb.compilation.helper import main; "
+                "os._exit(main(sys.argv[2:]))")
+        told = self._spec is not None
         try:
-            self._proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(pkg), pkg, *self._args],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL)
+            self._proc = subprocess.Popen([sys.executable, "-c", code, os.path.dirname(pkg), pkg, self._path,
+                                           self._spec if told else "-"],
+                                          stdin=subprocess.DEVNULL if told else subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             self._proc = False  # no helper: the warm-up compiles everything itself
+            return
+        self._locks = locked_cache_saves()
+        self._locks.__enter__()
 
     @property
     def started(self) -> bool:
         """Whether the helper process was started (something compiled)."""
         return bool(self._proc)
 
-    def beside(self, work) -> None:
-        """Run work() with this helper started at Numba's first compile in it, then wait for the
-        helper; the cache saves of both processes locked meanwhile (locked_cache_saves)."""
-        with locked_cache_saves():
-            with self._on_first_compile():
-                work()
-            self.wait()
-
-    def _on_first_compile(self):
-        """Within the block, start the helper when Numba first compiles something."""
+    def start_on_first_compile(self) -> None:
+        """Start the helper at this process's next Numba compile (until tell, cancel or beside's end)."""
         from ..jit import watch_compiles
 
-        return watch_compiles(lambda name: self._start())
+        if self._watch is None and self._proc is None:
+            self._watch = watch_compiles(lambda name: self._start())
+            self._watch.__enter__()
+
+    def _stop_watching(self) -> None:
+        if self._watch is not None:
+            watch, self._watch = self._watch, None
+            watch.__exit__(None, None, None)
+
+    def tell(self, override: dict, rest, single: bool = True) -> None:
+        """The work of a Helper.ahead (as the constructor's arguments): sent to its process if it
+        runs (which has compiled, or is compiling, the block loop), else kept for its start."""
+        self._stop_watching()
+        if self._told:
+            return
+        self._told = True
+        self._spec = _spec(override, rest, single)
+        if self._proc:
+            try:
+                self._proc.stdin.write((self._spec + "\n").encode())
+                self._proc.stdin.close()
+            except OSError:  # it ended (failed, killed): the warm-up compiles what it did not write
+                pass
+
+    def cancel(self, kill: bool = False) -> None:
+        """No work for a Helper.ahead (or none left to tell): its process, if it runs, ends once its
+        block loop is saved, or at once with kill (a run that ends before its warm-up: Numba's
+        saves are atomic, a killed helper leaves what it saved whole); waited for."""
+        self._stop_watching()
+        if not self._told:
+            self._told = True
+            if self._proc:
+                try:
+                    self._proc.kill() if kill else self._proc.stdin.close()
+                except OSError:
+                    pass
+        self.wait()
+
+    def beside(self, work) -> None:
+        """Run work() with this helper started at Numba's first compile in it (if not yet), then
+        wait for the helper; the cache saves of both processes locked meanwhile."""
+        self.start_on_first_compile()
+        try:
+            work()
+        finally:
+            self._stop_watching()
+        self.wait()
 
     def wait(self):
         """Wait for the helper to finish (if it started); kill it after TIMEOUT_S."""
@@ -131,6 +194,9 @@ class Helper:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        if self._locks is not None:  # no other process saves any more
+            locks, self._locks = self._locks, None
+            locks.__exit__(None, None, None)
 
 
 def _exit_with_parent():
@@ -151,19 +217,27 @@ def _exit_with_parent():
 
 def main(argv) -> int:
     """The helper process: argv = [the parent's synapse_nb package directory, model path, JSON
-    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...], "single": bool}]. Returns 2 without
-    compiling anything when this process imported another synapse_nb than the parent."""
+    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...], "single": bool},
+    or "-": that JSON read as a line from standard input once the block loop is compiled, an
+    empty input meaning nothing more]. Returns 2 without compiling anything when this process
+    imported another synapse_nb than the parent."""
     if _package_dir() != argv[0]:
         return 2
     _exit_with_parent()
-    path, spec = argv[1], json.loads(argv[2])
+    path, spec = argv[1], argv[2]
     from ..model import load_model
     from .forwards import compile_attention, warmup_session
 
     with locked_cache_saves():
         model = load_model(path)
-        s = warmup_session(model, {bool(d): bool(p) for d, p in spec["override"]})
+        s = warmup_session(model, {})
         model.compile_layers(s.state, s.cache)  # first: the parent's first forward needs it too
+        if spec == "-":
+            spec = sys.stdin.readline()
+            if not spec.strip():
+                return 0
+        spec = json.loads(spec)
+        s.state.attn_ws.parallel_override = {bool(d): bool(p) for d, p in spec["override"]}
         if spec.get("single", True):
             s.eval([0])
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}

@@ -44,6 +44,14 @@ def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: i
     return batched, single, kinds
 
 
+def _helper(ahead, path, override: dict, rest, single: bool = True) -> helper_process.Helper:
+    """The warm-up's Helper: ahead told its work, or a new one."""
+    if ahead is None:
+        return helper_process.Helper(path, override, rest, single)
+    ahead.tell(override, rest, single)
+    return ahead
+
+
 ALL_KINDS = frozenset((d, p) for d in (False, True) for p in (False, True))
 
 
@@ -58,7 +66,8 @@ def _compiles(model: Model, s) -> bool:
 
 
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
-           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1) -> None:
+           n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1,
+           ahead: helper_process.Helper | None = None) -> None:
     """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
 
     model: a loaded Model. progress: optional callable(done, total, name) called before each step.
@@ -72,7 +81,9 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     of the kernels (synapse_nb.compilation.helper): with a batched forward, the single-token
     forward's (which the batched forward's last row calls too) while this one compiles the rest;
     for a one-token prompt, the block loop and the attention kinds of the last step. The kernels
-    and the cache are the same either way.
+    and the cache are the same either way. ahead: the Helper.ahead of model's path that the run
+    started watching before its model load (engine.compiling_ahead), used as that process (told
+    its work, or cancelled when there is none); a started one means a cold cache.
     """
     hp = model.hparams
     if n_prompt is None:
@@ -92,13 +103,16 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # alone), so the helper compiles those whenever there is one. Without a single-token step
     # (a run of one token, -n 1) the helper is used only when the block loop itself compiles (a
     # cold cache), so that a warm run's warm-up stays the one forward the run makes.
+    started = ahead is not None and ahead.started  # it compiles the block loop already
     if jobs > 1 and helper_process.available():
-        if batched and (single or _compiles(model, s)):
-            helper = helper_process.Helper(model.path, override, rest)
+        if batched and (single or started or _compiles(model, s)):
+            helper = _helper(ahead, model.path, override, rest)
         elif single and not batched:
             # a one-token prompt: the helper compiles the block loop and the other attention
             # kinds while this process compiles the single-token forward's kernels
-            helper = helper_process.Helper(model.path, override, rest, single=False)
+            helper = _helper(ahead, model.path, override, rest, single=False)
+    if ahead is not None and helper is not ahead:
+        ahead.cancel()
 
     def run_batched():
         if helper is None:
