@@ -149,6 +149,29 @@ def test_fast_start_loads_cached_kernels_that_a_new_compile_can_link(tmp_path):
     assert not second["arrayobj"]
 
 
+# fast_start pauses the cyclic garbage collector for the start: a compile resumes it (Numba's
+# compiler makes garbage); else the warm-up's end (start_done) does, the start's objects frozen.
+_GC = r"""
+import gc, json
+from synapse_nb.jit import fast_start, start_done
+fast_start()
+paused = not gc.isenabled()
+import numpy as np
+from synapse_nb.kernels import ops
+ops.rope_theta_scale(np.float32(10000.0), 64)  # compiled (an empty cache) or loaded
+at_kernel = gc.isenabled()
+start_done()
+print(json.dumps({"paused": paused, "at_kernel": at_kernel, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_fast_start_pauses_the_garbage_collector_until_a_compile_or_the_start_done(tmp_path):
+    cold = json.loads(_run(_GC, tmp_path))
+    assert cold == {"paused": True, "at_kernel": True, "enabled": True, "frozen": 0}
+    warm = json.loads(_run(_GC, tmp_path))
+    assert warm["paused"] and not warm["at_kernel"] and warm["enabled"] and warm["frozen"] > 10_000, warm
+
+
 # jit.release_library_pages: LLVM's library pages unmapped (they leave the resident set), and
 # compiling, loading and running kernels afterwards works as before (the pages map again).
 _RELEASE = r"""

@@ -8,7 +8,7 @@ second process compiles half of them (compilation.helper).
 from __future__ import annotations
 
 from ..hparams import HParams
-from ..jit import release_library_pages
+from ..jit import release_library_pages, start_done
 from ..kernels import attention as _attn
 from ..model import Model
 from ..session import DEFAULT_N_BATCH, default_n_ctx
@@ -145,5 +145,6 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             progress(i, len(steps), name)
         run()
     release_library_pages()  # and by the kernels' loads: a forward runs none of that code
+    start_done()  # the garbage collector, paused by a command-line run's fast_start, resumes
     if progress:
         progress(len(steps), len(steps), "done")
