@@ -16,14 +16,15 @@ while the warm-up's process compiles the single-token kernels.
 
 A Helper starts the process only when the warm-up really compiles (Numba's first
 "numba:compile" event: a warm cache never starts it), and the warm-up waits for it before it
-touches its kernels. A completion can start it earlier (Helper.ahead, engine.compiling_ahead):
-at the first compile of the model's load and the prompt's tokenization (the vocabulary's
-kernels, 2.6-3.4 s of a cold SmolLM2 run), before the warm-up knows what the run needs. That
-process compiles the block loop, which the helper compiles first in every case, and then reads
-the rest of its work (the JSON of main's argv) from its standard input, which the warm-up writes
-(Helper.tell) or closes (Helper.cancel: nothing more to do). Nothing depends on it for correctness: a kernel it did not write in time
-(it failed, or was killed) is compiled by the warm-up as without it, and its outputs go to
-/dev/null (stdout is the product). It exits when the warm-up's process is gone.
+touches its kernels. A completion or a chat starts it earlier (Helper.ahead,
+engine.compiling_ahead): at the first compile of the model's load and the prompt's tokenization
+(the vocabulary's kernels, 2.6-3.4 s of a cold SmolLM2 run), before the warm-up knows what the
+run needs. That process compiles the block loop, which the helper compiles first in every case,
+and then reads the rest of its work (the JSON of main's argv) from its standard input, which the
+warm-up writes (Helper.tell) or closes (Helper.cancel: nothing more to do). Nothing depends on it
+for correctness: a kernel it did not write in time (it failed, or was killed) is compiled by the
+warm-up as without it, and its outputs go to /dev/null (stdout is the product). It exits when
+the warm-up's process is gone.
 
 Both processes save to the same cache files, so from a Helper's start until it is waited for each
 of them takes an exclusive lock on the cache directory around Numba's index update and data write
