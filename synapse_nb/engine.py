@@ -41,13 +41,13 @@ def open_session(model: Model, n_ctx: int | None = None, n_threads: int | None =
 
 @contextlib.contextmanager
 def compiling_ahead(path, n_threads: int | None = None):
-    """Within the block (a completion's model load and tokenization, up to its warm_up), a cold
-    cache's first compile starts the warm-up's compile helper at once (compilation.helper,
-    Helper.ahead): it compiles the block loop while this process compiles the vocabulary's
-    kernels, then the part of the warm-up that warm_up(..., ahead=helper) tells it. Yields that
-    Helper, or None when the run has one thread (all_cores(n_threads), at most Numba's pool) or
-    no helper can run here. At the block's end a helper the warm-up did not take is killed (the
-    run ended before its warm-up: an error, --tokenize).
+    """Within the block (a completion's or a chat's model load and tokenization, up to its
+    warm_up), a cold cache's first compile starts the warm-up's compile helper at once
+    (compilation.helper, Helper.ahead): it compiles the block loop while this process compiles
+    the vocabulary's kernels, then the part of the warm-up that warm_up(..., ahead=helper) tells
+    it. Yields that Helper, or None when the run has one thread (all_cores(n_threads), at most
+    Numba's pool) or no helper can run here. At the block's end a helper the warm-up did not take
+    is killed (the run ended before its warm-up: an error, --tokenize).
     """
     from .compilation import helper as helper_process
     from .session import usable_threads
