@@ -140,7 +140,7 @@ def fast_start() -> None:
 
 
 _GC_PAUSED = False  # fast_start paused the cyclic collector (start_done resumes it)
-_GC_LISTENER = None  # the numba:compile listener that resumes it at a compile
+_GC_WATCH = None  # the watch_compiles block (entered) that resumes it at a compile
 
 
 def _collector_paused() -> None:
@@ -150,26 +150,21 @@ def _collector_paused() -> None:
         _GC_PAUSED = True
 
 
+def _resume_collector(name=None) -> None:
+    """Resume the collector if fast_start paused it (name: a compile's, from watch_compiles)."""
+    global _GC_PAUSED
+    if _GC_PAUSED:
+        _GC_PAUSED = False
+        gc.enable()
+
+
 def _collector_resumes_at_compiles() -> None:
     """A Numba compile resumes the collector (Numba's compiler makes cyclic garbage: IR, types)."""
-    global _GC_LISTENER
-    from numba.core import event
-
-    if not _GC_PAUSED or _GC_LISTENER is not None:
+    global _GC_WATCH
+    if not _GC_PAUSED or _GC_WATCH is not None:
         return
-
-    class _Resume(event.Listener):
-        def on_start(self, ev):
-            global _GC_PAUSED
-            if _GC_PAUSED:
-                _GC_PAUSED = False
-                gc.enable()
-
-        def on_end(self, ev):
-            pass
-
-    _GC_LISTENER = _Resume()
-    event.register("numba:compile", _GC_LISTENER)
+    _GC_WATCH = watch_compiles(_resume_collector)
+    _GC_WATCH.__enter__()
 
 
 def start_done() -> None:
@@ -177,16 +172,13 @@ def start_done() -> None:
     it, resumes with every object allocated so far frozen (gc.freeze: the imports' and the
     model's objects live as long as the process, later collections need not traverse them).
     Does nothing in a process that did not call fast_start; idempotent."""
-    global _GC_PAUSED, _GC_LISTENER
-    if _GC_LISTENER is not None:
-        from numba.core import event
-
-        event.unregister("numba:compile", _GC_LISTENER)
-        _GC_LISTENER = None
+    global _GC_WATCH
+    if _GC_WATCH is not None:
+        watch, _GC_WATCH = _GC_WATCH, None
+        watch.__exit__(None, None, None)
     if _GC_PAUSED:
-        _GC_PAUSED = False
         gc.freeze()
-        gc.enable()
+        _resume_collector()
 
 
 def _no_extension_entry_points() -> None:
