@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # The run's phases: llama-decode's main with engine.load_model, engine.open_session,
 # engine.warm_up and engine.generate wrapped by timers (their callers look them up at
 # call time), each mark printed as seconds since this process's first line; the exit is the
@@ -41,7 +39,7 @@ _PHASES = r"""
 import time
 T0, W0 = time.perf_counter(), time.time()
 import json, os, sys
-marks = {"t0": W0}
+marks = {"t0": W0, "start": 0.0}  # t0: the wall clock at the first line; the rest since it
 def mark(name):
     marks[name] = time.perf_counter() - T0
 sys.argv = ["llama-decode"] + sys.argv[1:]
@@ -100,7 +98,7 @@ def _script() -> str:
     return str(beside)
 
 
-def _phases_run(args, env) -> tuple[dict, float]:
+def _phases_run(args, env) -> tuple[dict, tuple[float, float]]:
     """One instrumented run: its marks (seconds since its first line), and (seconds from its
     start to its first line, seconds from its last mark to its end), by the wall clock."""
     r, w = os.pipe()
@@ -153,7 +151,7 @@ def main() -> None:
     print(f"{'whole run (wall)':44s} {1e3 * whole:7.1f}")
 
     def span(k0, k1):
-        return statistics.median(m.get(k1, 0.0) - m.get(k0, 0.0) for m in marks) * 1e3
+        return statistics.median(m[k1] - m[k0] for m in marks) * 1e3
 
     print(f"\n{'the same run, timed inside it':44s} {'ms':>7s}")
     print(f"{'its start to its first line (seen outside)':44s} {statistics.median(o[0] for o in outside) * 1e3:7.1f}")
