@@ -39,6 +39,7 @@ this process only; library users' processes keep Numba's behaviour.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import os
@@ -165,6 +166,16 @@ def _collector_resumes_at_compiles() -> None:
         return
     _GC_WATCH = watch_compiles(_resume_collector)
     _GC_WATCH.__enter__()
+    # a process that exits without start_done (a script calling fast_start) ends the block
+    # before the interpreter's teardown, which would otherwise close it with Numba's module gone
+    atexit.register(_end_collector_watch)
+
+
+def _end_collector_watch() -> None:
+    global _GC_WATCH
+    if _GC_WATCH is not None:
+        watch, _GC_WATCH = _GC_WATCH, None
+        watch.__exit__(None, None, None)
 
 
 def start_done() -> None:
@@ -172,10 +183,7 @@ def start_done() -> None:
     it, resumes with every object allocated so far frozen (gc.freeze: the imports' and the
     model's objects live as long as the process, later collections need not traverse them).
     Does nothing in a process that did not call fast_start; idempotent."""
-    global _GC_WATCH
-    if _GC_WATCH is not None:
-        watch, _GC_WATCH = _GC_WATCH, None
-        watch.__exit__(None, None, None)
+    _end_collector_watch()
     if _GC_PAUSED:
         gc.freeze()
         _resume_collector()

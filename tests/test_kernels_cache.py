@@ -172,6 +172,25 @@ def test_fast_start_pauses_the_garbage_collector_until_a_compile_or_the_start_do
     assert warm["paused"] and not warm["at_kernel"] and warm["enabled"] and warm["frozen"] > 10_000, warm
 
 
+# A script that calls fast_start and exits without start_done: the compile watch that resumes the
+# collector ends at exit (atexit), before the interpreter's teardown (which had closed it with
+# Numba's modules cleared: "Exception ignored in: <generator object watch_compiles>").
+_EXIT_WITHOUT_START_DONE = r"""
+import atexit, json
+from numba.core import event
+from synapse_nb import jit
+before = len(event._registered["numba:compile"])
+jit.fast_start()
+watching = len(event._registered["numba:compile"]) - before
+atexit._run_exitfuncs()
+print(json.dumps({"watching": watching, "after_exit": len(event._registered["numba:compile"]) - before}))
+"""
+
+
+def test_fast_start_without_start_done_ends_its_compile_watch_at_exit(tmp_path):
+    assert json.loads(_run(_EXIT_WITHOUT_START_DONE, tmp_path)) == {"watching": 1, "after_exit": 0}
+
+
 # jit.release_library_pages: LLVM's library pages unmapped (they leave the resident set), and
 # compiling, loading and running kernels afterwards works as before (the pages map again).
 _RELEASE = r"""
