@@ -28,6 +28,16 @@ class Recorded(helper.Helper):
         super().__init__(*a, **k)
         helpers.append(self)
 helper.Helper = Recorded
+import os, subprocess
+_Popen = subprocess.Popen
+def _traced(args, **kw):  # the helper process records its compiles (names, a line each) in HELPER_LOG
+    args = list(args)
+    args[2] = args[2].replace("from synapse_nb.compilation.helper import main;",
+                              "from synapse_nb.jit import watch_compiles as _w; _f = open(os.environ['HELPER_LOG'], 'a', "
+                              "buffering=1); _c = _w(lambda n: _f.write(n + chr(10))); _c.__enter__(); "
+                              "from synapse_nb.compilation.helper import main;")
+    return _Popen(args, **kw)
+subprocess.Popen = _traced
 m = load_model(sys.argv[1])
 head_rows = []  # rows of each output-head call of the warm-up
 head = type(m)._head
@@ -50,24 +60,41 @@ print(json.dumps({"compiled": names, "tokens": s.generate([1, 2, 3, 4, 5][:n_pro
                   "head_rows": head_rows, "started_ahead": ahead is not None and started_ahead}))
 """
 
+# The block loop and its helpers (kernels/graph.py), which the helper compiles first
+_LOOP = ("layers", "_matvecs", "_matmul", "_add_rows", "_head_norms", "_scale_rows", "_scale_all", "_add_rows_2d")
+
 
 def _run(cache, cwd=ROOT, n_predict=4, n_prompt=5, ahead=False):
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    log = cache.parent / (cache.name + ".helper.log")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), HELPER_LOG=str(log))
     r = subprocess.run([sys.executable, "-c", _WARMUP, str(TINY), str(ROOT), str(n_predict), str(n_prompt),
                         "ahead" if ahead else "-"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["helper_compiled"] = log.read_text().split() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return out
+
+
+def _shared(first, first_step):
+    """The two processes of a cold warm-up shared the kernels of forwards.warmup_steps: the
+    warm-up's process compiled the first step's kernel (first_step) and the helper did not; the
+    helper compiled steps of its own (from the list's end: the output head's conversion first)
+    beside the block loop."""
+    ours, theirs = first["compiled"], first["helper_compiled"]
+    assert first_step in ours and first_step not in theirs, (ours, theirs)
+    assert [n for n in theirs if n not in _LOOP and n.startswith(("_act", "_mv_", "_mm_", "_deq_"))], theirs
 
 
 @pytest.mark.slow
 @pytest.mark.cold_compile
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
 @pytest.mark.parametrize("other_copy_in_cwd", [False, True])
-def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path, other_copy_in_cwd):
-    """With an empty cache the warm-up's process compiles the batched forward's kernels only:
-    the decode drivers (_mv_*) and the decode attention entry come from the helper's process,
-    through the cache. A second process then compiles nothing, and both decode the same tokens.
-    Also from a working directory holding another copy of the package (a source checkout beside
+def test_cold_warmup_shares_the_kernels_with_the_helper(tmp_path, other_copy_in_cwd):
+    """With an empty cache the warm-up's process compiles the warm-up's kernels from the batched
+    forward's first while the helper compiles them from the single-token forward's last (the
+    output head's), each once; the warm-up's process does not compile the block loop. A second
+    process then compiles nothing, and both decode the same tokens. Also from a working directory holding another copy of the package (a source checkout beside
     an installed one): the helper must import the parent's, or its cache entries are another's."""
     import shutil
 
@@ -77,8 +104,8 @@ def test_cold_warmup_leaves_the_single_token_kernels_to_the_helper(tmp_path, oth
         shutil.copytree(ROOT / "synapse_nb", cwd / "synapse_nb", ignore=shutil.ignore_patterns("__pycache__"))
     tmp_path = tmp_path / "cache"
     first = _run(tmp_path, cwd)
-    assert any(n.startswith("_mm_") for n in first["compiled"])  # this process compiled the batched half
-    assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
+    _shared(first, "_rope_par")
+    assert "layers" not in first["compiled"] and "layers" in first["helper_compiled"]
     # The output head ran on one row only: a run reads its last row's logits, so the head's batch
     # matmul (2.7 s of SmolLM2's first run, with its conversion) is not the warm-up's to compile
     assert first["head_rows"] and set(first["head_rows"]) == {1}, first["head_rows"]
@@ -96,8 +123,7 @@ def test_cold_warmup_of_a_one_token_generation_uses_the_helper(tmp_path):
     calls the one-row kernels; with an empty cache those come from the helper too (they were
     compiled one after the other in one process: Gemma 3's first -n 1 run took 45 s, now 26 s)."""
     first = _run(tmp_path, n_predict=1)
-    assert any(n.startswith("_mm_") for n in first["compiled"])
-    assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
+    _shared(first, "_rope_par")
     assert first["helpers"] == [[True, True]]
     second = _run(tmp_path, n_predict=1)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
@@ -107,17 +133,19 @@ def test_cold_warmup_of_a_one_token_generation_uses_the_helper(tmp_path):
 @pytest.mark.slow
 @pytest.mark.cold_compile
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")
-def test_cold_warmup_of_a_one_token_prompt_leaves_the_block_loop_to_the_helper(tmp_path):
+def test_cold_warmup_of_a_one_token_prompt_shares_the_single_token_kernels(tmp_path):
     """A one-token prompt has no batched forward: the helper compiles the block loop (and the
-    other attention kinds) while the warm-up's process compiles the single-token kernels (Numba
-    compiled them one after another: SmolLM2's first 'Hello' -n 1 took 11.7-13.0 s, 9.8-9.9 s).
-    Whichever process saves the loop first, the cache then serves a second process everything."""
+    other attention kinds), and the single-token forward's kernels from the last while the
+    warm-up's process compiles them from the first (it had compiled them all alone: SmolLM2's
+    first 'Hello' -n 1 compiled for 8.6 s, now 5.2 s). The cache then serves a second process
+    everything."""
     first = _run(tmp_path, n_prompt=1)
-    assert first["helpers"] == [[False, True]]
-    assert any(n.startswith("_mv_") for n in first["compiled"]) and not any(n.startswith("_mm_") for n in first["compiled"])
+    assert first["helpers"] == [[True, True]]
+    _shared(first, "_rope_ser")
+    assert not any(n.startswith("_mm_") for n in first["compiled"] + first["helper_compiled"])
     second = _run(tmp_path, n_prompt=1)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
-    assert second["helpers"] == [[False, False]]
+    assert second["helpers"] == [[True, False]]
 
 
 @pytest.mark.slow
@@ -126,22 +154,18 @@ def test_cold_warmup_of_a_one_token_prompt_leaves_the_block_loop_to_the_helper(t
 @pytest.mark.parametrize("n_prompt", [5, 1])
 def test_cold_helper_started_ahead_at_the_vocabulary_compile(tmp_path, n_prompt):
     """A completion's helper (engine.compiling_ahead) starts at the first compile of the
-    tokenizer, before the warm-up knows the run: it compiles the block loop meanwhile, then the
-    part the warm-up tells it (the single-token forward beside a batched one; for a one-token
-    prompt nothing more). The warm-up's process compiles neither the loop nor the other
-    process's half, and a second process compiles nothing and decodes the same tokens."""
+    tokenizer, before the warm-up knows the run: it compiles the block loop meanwhile, then its
+    share of the kernels the warm-up tells it (from the list's end, while the warm-up's process
+    compiles from its first). The warm-up's process does not compile the loop, and a second
+    process compiles nothing and decodes the same tokens."""
     first = _run(tmp_path, n_prompt=n_prompt, ahead=True)
     assert first["started_ahead"]
-    assert first["helpers"] == [[n_prompt > 1, True]]
+    assert first["helpers"] == [[True, True]]
     assert "layers" not in first["compiled"], first["compiled"]
-    if n_prompt > 1:
-        assert any(n.startswith("_mm_") for n in first["compiled"])
-        assert not [n for n in first["compiled"] if n.startswith(("_mv_", "_decode_"))], first["compiled"]
-    else:
-        assert any(n.startswith("_mv_") for n in first["compiled"])
+    _shared(first, "_rope_par" if n_prompt > 1 else "_rope_ser")
     second = _run(tmp_path, n_prompt=n_prompt, ahead=True)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
-    assert not second["started_ahead"] and second["helpers"] == [[n_prompt > 1, False]]
+    assert not second["started_ahead"] and second["helpers"] == [[True, False]]
 
 
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")

@@ -6,9 +6,13 @@ Shared by the warm-up (synapse_nb.compilation.warmup) and its helper process
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..kernels import attention as _attn
+from ..kernels import graph as _graph
+from ..kernels.native import native_fn
 from ..kernels.ops import SERIAL_ROWS
 from ..model import Model
 from ..session import Session
@@ -43,3 +47,35 @@ def compile_segments(model: Model, s: Session) -> None:
     """Compile (or load) the attention kernel of several sequences' decode rows (a ParallelSession
     step: attention.segments_kernel), as graph.layers calls it; nothing runs."""
     model._graph_tables().rows(s.state.attn_ws, 2, 0, False, model.hparams, SERIAL_ROWS, decode_rows=True)
+
+
+def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False) -> list:
+    """The kernels of the warm-up's forwards on s as [(name, compile, runs)], each once, in the order
+    the forwards first call them (the block loop aside): with batched, the 2-token forward's
+    (batched_layers: its row kernels and attention, its matmul drivers and conversions, and the
+    output head's on 2 rows when head), then the single-token forward's (one token at position
+    0: its row kernels and attention, its matvec drivers and conversions), then the embedding's
+    row dequantization, the positions' RoPE tables and the one-row output head. The tables'
+    kernels are read from a graph.Tables of its own whose lookups compile nothing; each compile()
+    compiles (or loads from the cache) its kernels, never the loop; those with runs True do so by
+    a call (the embedding, positions and head on s's buffers; the head reads its whole weight).
+    Both processes of a cold warm-up build the same list (the same model, the same
+    parallel_override) and compile it from opposite ends (helper.Helper.share)."""
+    st, hp = s.state, model.hparams
+    zero = np.zeros(1, np.int64)
+    x = st.activations(2)[0]
+    probe = _graph.Tables(model.weights.layers, hp)
+    wanted = []  # (dispatcher, kind) in the order the tables look them up
+    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
+    if batched:
+        probe.rows(st.attn_ws, 2, 0, False, hp)
+        probe.matmuls(True, False)
+    probe.rows(st.attn_ws, 1, 0, False, hp)
+    probe.matmuls(False, False)
+    steps = [(d.__name__, partial(native_fn, d, *_graph.SIGNATURES[k]), False) for d, k in dict.fromkeys(wanted)]
+    if batched and head:
+        steps.append(("output head (2 rows)", lambda: model._head(st, x[:2]), True))
+    steps += [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x[:1]), True),
+              ("positions", lambda: model._position_inputs(st, zero), True),
+              ("output head", lambda: model._head(st, x[:1]), True)]
+    return steps

@@ -13,7 +13,7 @@ from ..kernels import attention as _attn
 from ..model import Model
 from ..session import DEFAULT_N_BATCH, default_n_ctx
 from . import helper as helper_process
-from .forwards import batched_layers, compile_attention, compile_segments, warmup_session
+from .forwards import batched_layers, compile_attention, compile_segments, warmup_session, warmup_steps
 
 
 def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
@@ -44,11 +44,12 @@ def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: i
     return batched, single, kinds
 
 
-def _helper(ahead, path, override: dict, rest, single: bool = True) -> helper_process.Helper:
-    """The warm-up's Helper: ahead told its work, or a new one."""
+def _helper(ahead, path, override: dict, rest, batched: bool, head: bool) -> helper_process.Helper:
+    """The warm-up's Helper (its share of the kernels: forwards.warmup_steps of batched and
+    head): ahead told its work, or a new one."""
     if ahead is None:
-        return helper_process.Helper(path, override, rest, single)
-    ahead.tell(override, rest, single)
+        return helper_process.Helper(path, override, rest, True, batched, head)
+    ahead.tell(override, rest, True, batched, head)
     return ahead
 
 
@@ -80,7 +81,9 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     jobs: with 2 or more, when the warm-up compiles (a cold cache) a second process compiles part
     of the kernels (synapse_nb.compilation.helper): with a batched forward, the single-token
     forward's (which the batched forward's last row calls too) while this one compiles the rest;
-    for a one-token prompt, the block loop and the attention kinds of the last step. The kernels
+    for a one-token prompt, the block loop, then the single-token forward's kernels from the last
+    while this process compiles them from the first (each once: helper.Helper.share), then the
+    attention kinds of the last step. The kernels
     and the cache are the same either way. ahead: the Helper.ahead of model's path that the run
     started watching before its model load (engine.compiling_ahead), used as that process (told
     its work, or cancelled when there is none); a started one means a cold cache.
@@ -97,6 +100,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # others run on their own in the last step
     override = dict(sorted(kinds))
     rest = kinds - set(override.items())
+    head = n_prompt is None  # the head's batch matmul: a warm-up of every run's (a server's, perplexity's)
     s = warmup_session(model, override)
     helper = None
     # A batched forward also calls the one-row kernels (its last layer computes its last row
@@ -106,11 +110,12 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     started = ahead is not None and ahead.started  # it compiles the block loop already
     if jobs > 1 and helper_process.available():
         if batched and (single or started or _compiles(model, s)):
-            helper = _helper(ahead, model.path, override, rest)
+            helper = _helper(ahead, model.path, override, rest, True, head)
         elif single and not batched:
-            # a one-token prompt: the helper compiles the block loop and the other attention
-            # kinds while this process compiles the single-token forward's kernels
-            helper = _helper(ahead, model.path, override, rest, single=False)
+            # a one-token prompt: the helper compiles the block loop, then the single-token
+            # forward's kernels from the last while this process compiles them from the first
+            # (Helper.share), then the other attention kinds
+            helper = _helper(ahead, model.path, override, rest, False, False)
     if ahead is not None and helper is not ahead:
         ahead.cancel()
 
@@ -118,19 +123,21 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         if helper is None:
             s.eval([0, 0])
             return
-        # every row through the last layer: no one-row call (its kernels are the helper's); the
-        # run's last batch makes those on its last layer, which the single-token forward also
-        # makes. The head's batch matmul only for a warm-up of every run (n_prompt None).
-        helper.beside(lambda: batched_layers(model, s, head=n_prompt is None))
+        # the kernels shared with the helper (this process from the batched forward's first, the
+        # helper from the single-token forward's last), then every row through the last layer
+        # (the one-row calls: the run's last batch makes those on its last layer, which the
+        # single-token forward also makes). The head's batch matmul only for a warm-up of every
+        # run (n_prompt None).
+        helper.beside(lambda: helper.share(warmup_steps(model, s, True, head)))
+        batched_layers(model, s, head=head)
         if not single and helper.started:  # no single-token step to load them: the run's forward
             s.truncate(0)
             s.eval([0, 0])
 
     def run_single():
-        if helper is None or batched:
-            s.eval([0])
-        else:  # its block loop from the helper's save when that comes first
-            helper.beside(lambda: s.eval([0]))
+        if helper is not None and not batched:  # its share of the kernels, then the helper's from the cache
+            helper.beside(lambda: helper.share(warmup_steps(model, s, False)))
+        s.eval([0])
 
     steps = [
         ("batched forward (parallel kernels)", run_batched) if batched else None,
