@@ -39,6 +39,15 @@ def open_session(model: Model, n_ctx: int | None = None, n_threads: int | None =
     return Session(model, n_ctx=n_ctx, n_threads=all_cores(n_threads), n_batch=n_batch, swa_full=swa_full)
 
 
+def prompt_n_batch(model: Model, n_prompt: int, n_batch: int) -> int:
+    """The batch size for a completion's prompt of n_prompt tokens when the user did not choose
+    one (n_batch: the default): 1 for a short prompt while the batched forward's kernels are not
+    compiled, else n_batch (compilation.warmup.prompt_n_batch; the results are the same)."""
+    from .compilation.warmup import prompt_n_batch as choose
+
+    return choose(model, n_prompt, n_batch)
+
+
 @contextlib.contextmanager
 def compiling_ahead(path, n_threads: int | None = None):
     """Within the block (a completion's or a chat's model load and tokenization, up to its

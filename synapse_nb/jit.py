@@ -466,6 +466,20 @@ def _cached_nrt_module() -> None:
     nrtdynmod.compile_nrt_functions = compile_nrt_functions
 
 
+def in_cache(dispatcher, sig: tuple) -> bool:
+    """Whether dispatcher's overload for sig (a tuple of Numba types) is compiled in this process
+    or in Numba's cache for its current source (the cache's index names it), without loading it:
+    the key is the one Cache.load_overload looks up. False for a dispatcher without a cache, or an
+    index that cannot be read (a load would compile then)."""
+    if sig in dispatcher.overloads:
+        return True
+    cache = getattr(dispatcher, "_cache", None)
+    try:
+        return cache._index_key(sig, dispatcher.targetctx.codegen()) in cache._cache_file._load_index()
+    except (AttributeError, OSError, EOFError, pickle.UnpicklingError, TypeError, ValueError):
+        return False
+
+
 @contextmanager
 def watch_compiles(on_compile):
     """Within the block, call on_compile(name: str) at the start of every Numba compilation.

@@ -44,6 +44,37 @@ def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: i
     return batched, single, kinds
 
 
+# A prompt of at most this many tokens is evaluated one token at a time while the batched
+# forward's matmul kernels are not compiled (prompt_n_batch): the same logits and cache (a
+# sequence's bits do not depend on its batches), n_prompt single-token forwards instead of one
+# batch (SmolLM2 3 ms, Qwen2.5 12 ms a token more), and no compile of the batched kernels, 3-8 s
+# of a first run.
+SHORT_PROMPT = 16
+
+
+def batched_compiled(model: Model) -> bool:
+    """Whether the batched forward's matmul drivers and activation conversions (graph.Tables.matmuls
+    of several rows: most of its compile) are compiled or in Numba's cache (jit.in_cache; nothing
+    is compiled or loaded)."""
+    from ..jit import in_cache
+    from ..kernels import graph as _graph
+
+    probe = _graph.Tables(model.weights.layers, model.hparams)
+    wanted = []
+    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
+    probe.matmuls(True, False)
+    return all(in_cache(d, tuple(_graph.SIGNATURES[k])) for d, k in dict.fromkeys(wanted))
+
+
+def prompt_n_batch(model: Model, n_prompt: int, n_batch: int) -> int:
+    """The batch size to evaluate a completion's prompt of n_prompt tokens with: 1 for a short
+    prompt (2 to SHORT_PROMPT tokens) while the batched forward's kernels are not compiled
+    (batched_compiled), so that a first run compiles the single-token forward only; else n_batch."""
+    if 1 < n_prompt <= SHORT_PROMPT and n_batch > 1 and not batched_compiled(model):
+        return 1
+    return n_batch
+
+
 def _helper(ahead, path, override: dict, rest, batched: bool, head: bool) -> helper_process.Helper:
     """The warm-up's Helper (its share of the kernels: forwards.warmup_steps of batched and
     head): ahead told its work, or a new one."""
