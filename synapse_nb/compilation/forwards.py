@@ -12,6 +12,7 @@ import numpy as np
 
 from ..kernels import attention as _attn
 from ..kernels import graph as _graph
+from ..kernels import ops as _ops
 from ..kernels.native import native_fn
 from ..kernels.ops import SERIAL_ROWS
 from ..model import Model
@@ -54,28 +55,35 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False) ->
     the forwards first call them (the block loop aside): with batched, the 2-token forward's
     (batched_layers: its row kernels and attention, its matmul drivers and conversions, and the
     output head's on 2 rows when head), then the single-token forward's (one token at position
-    0: its row kernels and attention, its matvec drivers and conversions), then the embedding's
-    row dequantization, the positions' RoPE tables and the one-row output head. The tables'
-    kernels are read from a graph.Tables of its own whose lookups compile nothing; each compile()
-    compiles (or loads from the cache) its kernels, never the loop; those with runs True do so by
-    a call (the embedding, positions and head on s's buffers; the head reads its whole weight).
-    Both processes of a cold warm-up build the same list (the same model, the same
-    parallel_override) and compile it from opposite ends (helper.Helper.share)."""
+    0: its row kernels and attention, its matvec drivers and conversions, the output head's norm,
+    conversion and matvec), then the embedding's row dequantization and the positions' RoPE
+    tables. The tables' kernels are read from a graph.Tables of its own whose lookups compile
+    nothing, the head's as Model._head calls them (the same overloads as the tables' of its
+    format); each compile() compiles (or loads from the cache) its kernel, never the loop; the two
+    with runs True do so by a one-row call on s's buffers. Both processes of a cold warm-up build
+    the same list (the same model, the same parallel_override) and compile it from opposite ends
+    (helper.Helper.share)."""
     st, hp = s.state, model.hparams
     zero = np.zeros(1, np.int64)
-    x = st.activations(2)[0]
+    x = st.activations(1)[0]
+    out = model.weights.output
     probe = _graph.Tables(model.weights.layers, hp)
-    wanted = []  # (dispatcher, kind) in the order the tables look them up
+    wanted = []  # (dispatcher, kind) in the order the forwards look them up
+
+    def head_kernels(n):  # Model._head of n rows: rms_norm_rows, BoundWeight.quantize and .matmul_q
+        mv = n == 1 or out.uses_matvec(n)
+        return [(_ops.row_kernels(n).rms_norm, "rms_norm"), (out.drivers(n)[1], "convert"),
+                (out.drivers(1 if mv else n)[0], "matvec" if mv else "matmul")]
+
     probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
     if batched:
         probe.rows(st.attn_ws, 2, 0, False, hp)
         probe.matmuls(True, False)
+        if head:
+            wanted += head_kernels(2)
     probe.rows(st.attn_ws, 1, 0, False, hp)
     probe.matmuls(False, False)
+    wanted += head_kernels(1)
     steps = [(d.__name__, partial(native_fn, d, *_graph.SIGNATURES[k]), False) for d, k in dict.fromkeys(wanted)]
-    if batched and head:
-        steps.append(("output head (2 rows)", lambda: model._head(st, x[:2]), True))
-    steps += [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x[:1]), True),
-              ("positions", lambda: model._position_inputs(st, zero), True),
-              ("output head", lambda: model._head(st, x[:1]), True)]
-    return steps
+    return steps + [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x), True),
+                    ("positions", lambda: model._position_inputs(st, zero), True)]
