@@ -67,23 +67,30 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False) ->
     zero = np.zeros(1, np.int64)
     x = st.activations(1)[0]
     out = model.weights.output
-    probe = _graph.Tables(model.weights.layers, hp)
-    wanted = []  # (dispatcher, kind) in the order the forwards look them up
 
     def head_kernels(n):  # Model._head of n rows: rms_norm_rows, BoundWeight.quantize and .matmul_q
         mv = n == 1 or out.uses_matvec(n)
         return [(_ops.row_kernels(n).rms_norm, "rms_norm"), (out.drivers(n)[1], "convert"),
                 (out.drivers(1 if mv else n)[0], "matvec" if mv else "matmul")]
 
-    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
+    wanted = []  # (dispatcher, kind) in the order the forwards look them up
     if batched:
-        probe.rows(st.attn_ws, 2, 0, False, hp)
-        probe.matmuls(True, False)
+        wanted += table_kernels(model, lambda t: (t.rows(st.attn_ws, 2, 0, False, hp), t.matmuls(True, False)))
         if head:
             wanted += head_kernels(2)
-    probe.rows(st.attn_ws, 1, 0, False, hp)
-    probe.matmuls(False, False)
+    wanted += table_kernels(model, lambda t: (t.rows(st.attn_ws, 1, 0, False, hp), t.matmuls(False, False)))
     wanted += head_kernels(1)
     steps = [(d.__name__, partial(native_fn, d, *_graph.SIGNATURES[k]), False) for d, k in dict.fromkeys(wanted)]
     return steps + [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x), True),
                     ("positions", lambda: model._position_inputs(st, zero), True)]
+
+
+def table_kernels(model: Model, lookups) -> list:
+    """[(dispatcher, kind)]: the kernels that lookups(tables) (calls of a graph.Tables' rows and
+    matmuls) looks up on a Tables of model's own, in order, each once, none compiled or loaded
+    (its lookups record instead; its tables, filled with zeros, are dropped)."""
+    probe = _graph.Tables(model.weights.layers, model.hparams)
+    wanted = []
+    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
+    lookups(probe)
+    return list(dict.fromkeys(wanted))

@@ -13,7 +13,7 @@ from ..kernels import attention as _attn
 from ..model import Model
 from ..session import DEFAULT_N_BATCH, default_n_ctx
 from . import helper as helper_process
-from .forwards import batched_layers, compile_attention, compile_segments, warmup_session, warmup_steps
+from .forwards import batched_layers, compile_attention, compile_segments, table_kernels, warmup_session, warmup_steps
 
 
 def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: int) -> tuple[bool, bool, frozenset]:
@@ -57,13 +57,9 @@ def batched_compiled(model: Model) -> bool:
     of several rows: most of its compile) are compiled or in Numba's cache (jit.in_cache; nothing
     is compiled or loaded)."""
     from ..jit import in_cache
-    from ..kernels import graph as _graph
+    from ..kernels.graph import SIGNATURES
 
-    probe = _graph.Tables(model.weights.layers, model.hparams)
-    wanted = []
-    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
-    probe.matmuls(True, False)
-    return all(in_cache(d, tuple(_graph.SIGNATURES[k])) for d, k in dict.fromkeys(wanted))
+    return all(in_cache(d, tuple(SIGNATURES[k])) for d, k in table_kernels(model, lambda t: t.matmuls(True, False)))
 
 
 def prompt_n_batch(model: Model, n_prompt: int, n_batch: int) -> int:
@@ -110,12 +106,11 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     four kernels (decode or prefill, serial or parallel) the run calls, which cost as much to
     load as to compile when unused. A kernel left out still compiles (or loads) on its first call.
     jobs: with 2 or more, when the warm-up compiles (a cold cache) a second process compiles part
-    of the kernels (synapse_nb.compilation.helper): with a batched forward, the single-token
-    forward's (which the batched forward's last row calls too) while this one compiles the rest;
-    for a one-token prompt, the block loop, then the single-token forward's kernels from the last
-    while this process compiles them from the first (each once: helper.Helper.share), then the
-    attention kinds of the last step. The kernels
-    and the cache are the same either way. ahead: the Helper.ahead of model's path that the run
+    of the kernels (synapse_nb.compilation.helper): the block loop, then the list of the forwards'
+    kernels (forwards.warmup_steps: the batched forward's, which a batch's last row follows with
+    the one-row kernels, then the single-token forward's) from its last while this process
+    compiles it from its first, each kernel once (helper.Helper.share), then the attention kinds
+    of the last step. The kernels and the cache are the same either way. ahead: the Helper.ahead of model's path that the run
     started watching before its model load (engine.compiling_ahead), used as that process (told
     its work, or cancelled when there is none); a started one means a cold cache.
     """
