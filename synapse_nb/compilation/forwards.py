@@ -50,17 +50,19 @@ def compile_segments(model: Model, s: Session) -> None:
     model._graph_tables().rows(s.state.attn_ws, 2, 0, False, model.hparams, SERIAL_ROWS, decode_rows=True)
 
 
-def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False) -> list:
+def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False, rest=()) -> list:
     """The kernels of the warm-up's forwards on s as [(name, compile, runs)], each once, in the order
     the forwards first call them (the block loop aside): with batched, the 2-token forward's
     (batched_layers: its row kernels and attention, its matmul drivers and conversions, and the
     output head's on 2 rows when head), then the single-token forward's (one token at position
     0: its row kernels and attention, its matvec drivers and conversions, the output head's norm,
     conversion and matvec), then the embedding's row dequantization and the positions' RoPE
-    tables. The tables' kernels are read from a graph.Tables of its own whose lookups compile
-    nothing, the head's as Model._head calls them (the same overloads as the tables' of its
-    format); each compile() compiles (or loads from the cache) its kernel, never the loop; the two
-    with runs True do so by a one-row call on s's buffers. Both processes of a cold warm-up build
+    tables, with head (a warm-up of every run) several sequences' attention (compile_segments),
+    and the attention kernels of the kinds rest ((decode, parallel) pairs: compile_attention).
+    The tables' kernels are read from a graph.Tables of its own whose lookups
+    compile nothing, the head's as Model._head calls them (the same overloads as the tables' of
+    its format); each compile() compiles (or loads from the cache) its kernels, never the loop;
+    those with runs True do so by a call on s's buffers. Both processes of a cold warm-up build
     the same list (the same model, the same parallel_override) and compile it from opposite ends
     (helper.Helper.share)."""
     st, hp = s.state, model.hparams
@@ -80,9 +82,13 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False) ->
             wanted += head_kernels(2)
     wanted += table_kernels(model, lambda t: (t.rows(st.attn_ws, 1, 0, False, hp), t.matmuls(False, False)))
     wanted += head_kernels(1)
+    if head:  # several sequences' attention, as compile_segments looks it up (its row kernels are above)
+        wanted += table_kernels(model, lambda t: t.rows(st.attn_ws, 2, 0, False, hp, SERIAL_ROWS, decode_rows=True))
     steps = [(d.__name__, partial(native_fn, d, *_graph.SIGNATURES[k]), False) for d, k in dict.fromkeys(wanted)]
-    return steps + [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x), True),
-                    ("positions", lambda: model._position_inputs(st, zero), True)]
+    steps += [("embedding", lambda: model.weights.tok_embd.get_rows(zero, x), True),
+              ("positions", lambda: model._position_inputs(st, zero), True)]
+    steps += [(f"attention {kind}", partial(compile_attention, model, s, {kind}), True) for kind in sorted(rest)]
+    return steps
 
 
 def table_kernels(model: Model, lookups) -> list:

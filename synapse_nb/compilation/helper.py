@@ -284,10 +284,10 @@ def main(argv) -> int:
                 return 0
         spec = json.loads(spec)
         s.state.attn_ws.parallel_override = {bool(d): bool(p) for d, p in spec["override"]}
-        if spec.get("single", True):
-            steps = warmup_steps(model, s, bool(spec.get("batched")), bool(spec.get("head")))
-            _compile_claimed(steps, claims, from_end=True)
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
-        if rest:
+        if spec.get("single", True):
+            steps = warmup_steps(model, s, bool(spec.get("batched")), bool(spec.get("head")), rest)
+            _compile_claimed(steps, claims, from_end=True)
+        elif rest:
             compile_attention(model, s, rest)
     return 0

@@ -154,7 +154,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         # (the one-row calls: the run's last batch makes those on its last layer, which the
         # single-token forward also makes). The head's batch matmul only for a warm-up of every
         # run (n_prompt None).
-        helper.beside(lambda: helper.share(warmup_steps(model, s, True, head)))
+        helper.beside(lambda: helper.share(warmup_steps(model, s, True, head, rest)))
         batched_layers(model, s, head=head)
         if not single and helper.started:  # no single-token step to load them: the run's forward
             s.truncate(0)
@@ -162,7 +162,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
 
     def run_single():
         if helper is not None and not batched:  # its share of the kernels, then the helper's from the cache
-            helper.beside(lambda: helper.share(warmup_steps(model, s, False)))
+            helper.beside(lambda: helper.share(warmup_steps(model, s, False, rest=rest)))
         s.eval([0])
 
     steps = [
