@@ -56,7 +56,7 @@ with watch_compiles(names.append):
 del m._head
 s = Session(m, n_ctx=64, n_threads=2)
 print(json.dumps({"compiled": names, "tokens": s.generate([1, 2, 3, 4, 5][:n_prompt], 4, ignore_eos=True),
-                  "helpers": [[json.loads(h._spec)["single"], h.started] for h in helpers],
+                  "helpers": [[json.loads(h._spec)["batched"], h.started] for h in helpers],
                   "head_rows": head_rows, "started_ahead": ahead is not None and started_ahead}))
 """
 
@@ -94,8 +94,9 @@ def test_cold_warmup_shares_the_kernels_with_the_helper(tmp_path, other_copy_in_
     """With an empty cache the warm-up's process compiles the warm-up's kernels from the batched
     forward's first while the helper compiles them from the single-token forward's last (the
     output head's), each once; the warm-up's process does not compile the block loop. A second
-    process then compiles nothing, and both decode the same tokens. Also from a working directory holding another copy of the package (a source checkout beside
-    an installed one): the helper must import the parent's, or its cache entries are another's."""
+    process then compiles nothing, and both decode the same tokens. Also from a working
+    directory holding another copy of the package (a source checkout beside an installed one):
+    the helper must import the parent's, or its cache entries are another's."""
     import shutil
 
     cwd = ROOT
@@ -140,12 +141,12 @@ def test_cold_warmup_of_a_one_token_prompt_shares_the_single_token_kernels(tmp_p
     first 'Hello' -n 1 compiled for 8.6 s, now 5.2 s). The cache then serves a second process
     everything."""
     first = _run(tmp_path, n_prompt=1)
-    assert first["helpers"] == [[True, True]]
+    assert first["helpers"] == [[False, True]]  # a share of the single-token forward's list only
     _shared(first, "_rope_ser")
     assert not any(n.startswith("_mm_") for n in first["compiled"] + first["helper_compiled"])
     second = _run(tmp_path, n_prompt=1)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
-    assert second["helpers"] == [[True, False]]
+    assert second["helpers"] == [[False, False]]
 
 
 @pytest.mark.slow
@@ -160,12 +161,12 @@ def test_cold_helper_started_ahead_at_the_vocabulary_compile(tmp_path, n_prompt)
     process compiles nothing and decodes the same tokens."""
     first = _run(tmp_path, n_prompt=n_prompt, ahead=True)
     assert first["started_ahead"]
-    assert first["helpers"] == [[True, True]]
+    assert first["helpers"] == [[n_prompt > 1, True]]
     assert "layers" not in first["compiled"], first["compiled"]
     _shared(first, "_rope_par" if n_prompt > 1 else "_rope_ser")
     second = _run(tmp_path, n_prompt=n_prompt, ahead=True)
     assert second["compiled"] == [] and second["tokens"] == first["tokens"]
-    assert not second["started_ahead"] and second["helpers"] == [[True, False]]
+    assert not second["started_ahead"] and second["helpers"] == [[n_prompt > 1, False]]
 
 
 @pytest.mark.skipif(not compile_helper.available(), reason="no POSIX file locks")

@@ -59,8 +59,8 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False, re
     conversion and matvec), then the embedding's row dequantization and the positions' RoPE
     tables, with head (a warm-up of every run) several sequences' attention (compile_segments),
     and the attention kernels of the kinds rest ((decode, parallel) pairs: compile_attention).
-    The tables' kernels are read from a graph.Tables of its own whose lookups
-    compile nothing, the head's as Model._head calls them (the same overloads as the tables' of
+    The tables' kernels are read from a graph.Tables whose lookups compile nothing
+    (table_kernels), the head's as Model._head calls them (the same overloads as the tables' of
     its format); each compile() compiles (or loads from the cache) its kernels, never the loop;
     those with runs True do so by a call on s's buffers. Both processes of a cold warm-up build
     the same list (the same model, the same parallel_override) and compile it from opposite ends
@@ -94,9 +94,8 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False, re
 def table_kernels(model: Model, lookups) -> list:
     """[(dispatcher, kind)]: the kernels that lookups(tables) (calls of a graph.Tables' rows and
     matmuls) looks up on a Tables of model's own, in order, each once, none compiled or loaded
-    (its lookups record instead; its tables, filled with zeros, are dropped)."""
-    probe = _graph.Tables(model.weights.layers, model.hparams)
+    (its lookup records them; its tables, filled with zeros, are dropped)."""
     wanted = []
-    probe._fn = lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0
-    lookups(probe)
+    lookups(_graph.Tables(model.weights.layers, model.hparams,
+                          lookup=lambda dispatcher, kind: wanted.append((dispatcher, kind)) or 0))
     return list(dict.fromkeys(wanted))

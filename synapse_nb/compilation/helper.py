@@ -82,24 +82,22 @@ def locked_cache_saves():
         cls.save = save
 
 
-def _spec(override: dict, rest, single: bool, batched: bool, head: bool) -> str:
-    return json.dumps({"override": sorted(override.items()), "rest": sorted(rest), "single": single,
-                       "batched": batched, "head": head})
+def _spec(override: dict, rest, batched: bool, head: bool) -> str:
+    return json.dumps({"override": sorted(override.items()), "rest": sorted(rest), "batched": batched, "head": head})
 
 
 class Helper:
     """The helper process of one warm-up: the block loop, its share of the warm-up's kernels
-    (single: forwards.warmup_steps of batched and head, from the last; see share) and the
+    (forwards.warmup_steps of batched, head and rest, from the last; see share) and the
     attention kernels of ``rest`` (see compilation.warmup) on the model at ``path``, with
     ``override`` as the warm-up Session's Workspace.parallel_override. ``helper.beside(work)`` runs
     the work it compiles beside. Helper.ahead(path) is one whose work is told later (tell)."""
 
     TIMEOUT_S = 900  # a helper past this is killed; the warm-up compiles what it did not
 
-    def __init__(self, path, override: dict | None = None, rest=(), single: bool = True, batched: bool = False,
-                 head: bool = False):
+    def __init__(self, path, override: dict | None = None, rest=(), batched: bool = False, head: bool = False):
         self._path = os.path.abspath(path)
-        self._spec = None if override is None else _spec(override, rest, single, batched, head)
+        self._spec = None if override is None else _spec(override, rest, batched, head)
         self._proc = None
         self._told = self._spec is not None  # its work is known (given, told, or cancelled)
         self._locks = None  # locked_cache_saves while the process may save
@@ -146,7 +144,7 @@ class Helper:
 
     def share(self, steps) -> None:
         """Compile steps ([(name, compile, runs)], forwards.warmup_steps) from the front while
-        the helper compiles them from the back (told single=True), each step once: a process
+        the helper compiles them from the back (the same list: its spec's), each step once: a process
         claims step i (an exclusive lock on byte i of the claims file, which both hold) before it
         compiles it and stops at the first step the other holds, which has claimed every step
         beyond it. The locks last until the process ends or wait(); the warm-up then waits for
@@ -173,14 +171,14 @@ class Helper:
             watch, self._watch = self._watch, None
             watch.__exit__(None, None, None)
 
-    def tell(self, override: dict, rest, single: bool = True, batched: bool = False, head: bool = False) -> None:
+    def tell(self, override: dict, rest, batched: bool = False, head: bool = False) -> None:
         """The work of a Helper.ahead (as the constructor's arguments): sent to its process if it
         runs (which has compiled, or is compiling, the block loop), else kept for its start."""
         self._stop_watching()
         if self._told:
             return
         self._told = True
-        self._spec = _spec(override, rest, single, batched, head)
+        self._spec = _spec(override, rest, batched, head)
         if self._proc:
             try:
                 self._proc.stdin.write((self._spec + "\n").encode())
@@ -260,11 +258,11 @@ def _compile_claimed(steps, fd: int, from_end: bool, skip_runs=lambda: False) ->
 
 def main(argv) -> int:
     """The helper process: argv = [the parent's synapse_nb package directory, model path, JSON
-    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...], "single": bool},
-    or "-": that JSON read as a line from standard input once the block loop is compiled, an
-    empty input meaning nothing more; the claims file's descriptor (Helper.share)]. With single,
-    the warm-up's kernels from the last (forwards.warmup_steps: the single-token forward's, after
-    the batched forward's with "batched"), up to the first the warm-up's process has claimed
+    {"override": [[decode, parallel], ...], "rest": [[decode, parallel], ...], "batched": bool,
+    "head": bool}, or "-": that JSON read as a line from standard input once the block loop is
+    compiled, an empty input meaning nothing more; the claims file's descriptor (Helper.share)].
+    It compiles the block loop, then the warm-up's kernels from the last (forwards.warmup_steps
+    of batched, head and rest), up to the first the warm-up's process has claimed
     (Helper.share). Returns 2 without compiling anything when this process imported another
     synapse_nb than the parent."""
     if _package_dir() != argv[0]:
@@ -272,7 +270,7 @@ def main(argv) -> int:
     _exit_with_parent()
     path, spec, claims = argv[1], argv[2], int(argv[3])
     from ..model import load_model
-    from .forwards import compile_attention, warmup_session, warmup_steps
+    from .forwards import warmup_session, warmup_steps
 
     with locked_cache_saves():
         model = load_model(path)
@@ -285,9 +283,5 @@ def main(argv) -> int:
         spec = json.loads(spec)
         s.state.attn_ws.parallel_override = {bool(d): bool(p) for d, p in spec["override"]}
         rest = {(bool(d), bool(p)) for d, p in spec["rest"]}
-        if spec.get("single", True):
-            steps = warmup_steps(model, s, bool(spec.get("batched")), bool(spec.get("head")), rest)
-            _compile_claimed(steps, claims, from_end=True)
-        elif rest:
-            compile_attention(model, s, rest)
+        _compile_claimed(warmup_steps(model, s, bool(spec["batched"]), bool(spec["head"]), rest), claims, from_end=True)
     return 0

@@ -75,8 +75,8 @@ def _helper(ahead, path, override: dict, rest, batched: bool, head: bool) -> hel
     """The warm-up's Helper (its share of the kernels: forwards.warmup_steps of batched and
     head): ahead told its work, or a new one."""
     if ahead is None:
-        return helper_process.Helper(path, override, rest, True, batched, head)
-    ahead.tell(override, rest, True, batched, head)
+        return helper_process.Helper(path, override, rest, batched, head)
+    ahead.tell(override, rest, batched, head)
     return ahead
 
 
@@ -109,10 +109,11 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     of the kernels (synapse_nb.compilation.helper): the block loop, then the list of the forwards'
     kernels (forwards.warmup_steps: the batched forward's, which a batch's last row follows with
     the one-row kernels, then the single-token forward's) from its last while this process
-    compiles it from its first, each kernel once (helper.Helper.share), then the attention kinds
-    of the last step. The kernels and the cache are the same either way. ahead: the Helper.ahead of model's path that the run
-    started watching before its model load (engine.compiling_ahead), used as that process (told
-    its work, or cancelled when there is none); a started one means a cold cache.
+    compiles it from its first, each kernel once (helper.Helper.share), the attention kinds of
+    the last step among them. The kernels and the cache are the same either way. ahead: the
+    Helper.ahead of model's path that the run started watching before its model load
+    (engine.compiling_ahead), used as that process (told its work, or cancelled when there is
+    none); a started one means a cold cache.
     """
     hp = model.hparams
     if n_prompt is None:
@@ -139,8 +140,8 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
             helper = _helper(ahead, model.path, override, rest, True, head)
         elif single and not batched:
             # a one-token prompt: the helper compiles the block loop, then the single-token
-            # forward's kernels from the last while this process compiles them from the first
-            # (Helper.share), then the other attention kinds
+            # forward's kernels and the other attention kinds from the last while this process
+            # compiles them from the first (Helper.share)
             helper = _helper(ahead, model.path, override, rest, False, False)
     if ahead is not None and helper is not ahead:
         ahead.cancel()

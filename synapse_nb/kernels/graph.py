@@ -335,11 +335,14 @@ class Tables:
     layer_weights: a model's LayerWeights (BoundWeight matmuls: validated, so their addresses and
     shapes are the bytes of the tensor); hp: its HParams, for the recipe values (its norms and
     biases present, sliding-window layers, FFN activation). The arrays here are made once; the
-    caller keeps the weights alive.
+    caller keeps the weights alive. lookup: None, or a callable(dispatcher, kind) -> int that
+    stands in for compiling each kernel the tables name (a warm-up listing them without compiling:
+    compilation.forwards.table_kernels); its tables are then not meant to run.
     """
 
-    def __init__(self, layer_weights, hp):
+    def __init__(self, layer_weights, hp, lookup=None):
         self._layers = layer_weights
+        self._lookup = lookup
         n_layer = len(layer_weights)
 
         def stacked(*names):
@@ -368,6 +371,8 @@ class Tables:
         self._fns = {}  # dispatcher -> its NativeFn of its kind's signature
 
     def _fn(self, dispatcher, kind):
+        if self._lookup is not None:
+            return self._lookup(dispatcher, kind)
         f = self._fns.get(dispatcher)
         if f is None:
             f = self._fns[dispatcher] = native_fn(dispatcher, *SIGNATURES[kind])
