@@ -133,7 +133,7 @@ def main():
                       flush=True)
                 if n == 1 and not a.no_phases:
                     qd, scd, accd = ws.decode  # views of ws.buf
-                    phase_qk, phase_softmax, phase_pv = _phases(ws.plan)
+                    phase_qk, phase_softmax, phase_pv = _phases(ws.decode_plan)
                     tq = best(lambda: [phase_qk(kc, pos, nh, nkv, qd, scd) for kc, vc in caches], reps) / len(caches)
                     ts = best(lambda: [phase_softmax(pos, nh, scd, scale) for _ in caches], reps) / len(caches)
                     scd[:] = 1e-3

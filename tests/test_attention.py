@@ -169,7 +169,7 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
             use_threads(nt)
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                A.vector_kernel(ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
+                A.vector_kernel(ws.decode_plan if n == 1 else ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)
@@ -203,7 +203,7 @@ def test_segments_kernel_rows_equal_each_sequence_alone(threads, n_head, n_head_
     segs = np.array([(0, 1, 3, 0), (1, 1, 0, 130), (2, 3, 1, 50), (5, 1, 4, 300), (6, 1, 2, 64)], np.int64)
     segs = np.concatenate([segs, np.zeros((len(segs), 1), np.int64)], axis=1)
     q = rng.standard_normal((7, n_head * hd)).astype(np.float32)
-    kern = A.segments_kernel(ws.plan)
+    kern = A.segments_kernel(ws.decode_plan)
     for nt in (1, 2):
         use_threads(nt)
         out = np.full((7, n_head * hd), np.nan, np.float32)
@@ -262,13 +262,24 @@ def test_serial_kernel_from_the_cache_runs_as_a_process_first_kernel():
 
 def test_vector_plan_exists_for_every_gqa_up_to_64():
     """VectorPlan: for 1..64 query heads per KV head (and the prefill item size R the workspace
-    uses) the q.k and p.V calls take at most two query counts each, within the kernels' limits."""
+    uses) the q.k and p.V calls take at most two query counts each, within the kernels' limits, the
+    second 0 when there is one (so that no count is compiled twice); a decode row's plan holds the
+    counts the gqa query heads are taken in, and nothing else."""
     for gqa in range(1, 65):
         for hd in (64, 128):
             R = A._ws_sizes(gqa, 1, hd, hd, 64)[2]
             n64, qa, qb, pa, pb = A.VectorPlan(gqa, R, hd // 64)
-            assert n64 == hd // 64 and 1 <= qa <= qb <= A.QK_MAX_Q and 1 <= pa <= pb <= A.PV_MAX_Q4, (gqa, hd)
-            assert A.Workspace(64, gqa, 1, hd, hd).plan == (n64, qa, qb, pa, pb)
+            assert n64 == hd // 64 and 1 <= qa <= A.QK_MAX_Q and 1 <= pa <= A.PV_MAX_Q4, (gqa, hd)
+            assert (qb == 0 or qa < qb <= A.QK_MAX_Q) and (pb == 0 or pa < pb <= A.PV_MAX_Q4), (gqa, hd)
+            qk = {min(c, n - r0) for n in (gqa, R) for c in [A._chunk_size(n, A.QK_MAX_Q)] for r0 in range(0, n, c)}
+            assert {qa, qb} - {0} == qk, (gqa, hd)
+            ws = A.Workspace(64, gqa, 1, hd, hd)
+            assert ws.plan == (n64, qa, qb, pa, pb)
+            d = ws.decode_plan
+            c = A._chunk_size(gqa, A.QK_MAX_Q)
+            assert {d[1], d[2]} - {0} == {min(c, gqa - r0) for r0 in range(0, gqa, c)}, gqa
+            c = A._chunk_size(gqa, A.PV_MAX_Q4)
+            assert {d[3], d[4]} - {0} == {min(c, gqa - r0) for r0 in range(0, gqa, c)}, gqa
 
 
 @pytest.mark.parametrize("hd", [256, 64])

@@ -327,6 +327,8 @@ def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
     sig = types.void(sc, types.intp, types.intp, kc, types.intp, q, types.intp, types.intp, types.intp, nq, n64)
 
     def codegen(context, builder, signature, args):
+        if R == 0:  # a VectorPlan's absent second count (a branch never taken): no code
+            return context.get_dummy_value()
         scv, sov, ssv, kcv, kov, qv, qov, qsv, ncolv = args[:9]
         scp = _ptr(context, builder, signature.args[0], scv, ir.FloatType())
         kp = _ptr(context, builder, signature.args[3], kcv, _I16)
@@ -391,6 +393,8 @@ def pv_chain(typingctx, acc, ao, as_, fresh, vc, vo, vs, w, wo, ws, m0, m1, nq, 
                      types.intp, types.intp, types.intp, nq, dv)
 
     def codegen(context, builder, signature, args):
+        if R == 0:  # a VectorPlan's absent second count (a branch never taken): no code
+            return context.get_dummy_value()
         accv, aov, asv, freshv, vcv, vov, vsv, wv, wov, wsv, m0v, m1v = args[:12]
         ap = _ptr(context, builder, signature.args[0], accv, ir.FloatType())
         vp = _ptr(context, builder, signature.args[4], vcv, _I16)
@@ -862,19 +866,21 @@ def _chunk_sizes(n, cap):
 class VectorPlan(tuple):
     """(n64, qa, qb, pa, pb) of a head configuration: 64-dim steps of q.k, and the only query counts
     its q.k (qa, qb) and p.V (pa, pb) calls take, in decode (the gqa query heads of a KV head) and
-    in prefill (blocks of R = rb * gqa queries, see _prefill_item). They are compiled in as
-    literals, so each configuration compiles qk16 and pv_chain for two counts, not all eight and
-    six (which was half the cold compile of a run)."""
+    in prefill (blocks of R = rb * gqa queries, see _prefill_item); qb (pb) is 0 when there is one
+    count only. They are compiled in as literals, so each configuration compiles qk16 and pv_chain
+    for its one or two counts, not all eight and six (which was half the cold compile of a run);
+    a count of 0 compiles to nothing (qk16, pv_chain), so that one count is not compiled twice."""
 
     __slots__ = ()
 
     def __new__(cls, gqa, R, n64):
-        """gqa: query heads per KV head; R: queries of a prefill item (_ws_sizes); n64: head_dim_k / 64."""
+        """gqa: query heads per KV head; R: queries of a prefill item (_ws_sizes), or gqa for
+        a decode row's plan (decode_plan); n64: head_dim_k / 64."""
         qk = sorted(_chunk_sizes(gqa, QK_MAX_Q) | _chunk_sizes(R, QK_MAX_Q))
         pv = sorted(_chunk_sizes(gqa, PV_MAX_Q4) | _chunk_sizes(R, PV_MAX_Q4))
         if len(qk) > 2 or len(pv) > 2:  # not for any gqa (a test runs 1..64), but never silently
             raise ValueError(f"attention: no vector plan for {gqa} query heads per KV head")
-        return super().__new__(cls, (n64, qk[0], qk[-1], pv[0], pv[-1]))
+        return super().__new__(cls, (n64, qk[0], qk[1] if len(qk) == 2 else 0, pv[0], pv[1] if len(pv) == 2 else 0))
 
     @property
     def tag(self):
@@ -962,7 +968,11 @@ class Workspace:
         self._dims = (n_head, head_dim_k, head_dim_v, nctx64, nd, npt)
         self.n_ctx = n_ctx
         vector = vector_kernels_apply(head_dim_k, head_dim_v)
-        self.plan = VectorPlan(n_head // n_head_kv, R, head_dim_k // 64) if vector else None
+        gqa, n64 = n_head // n_head_kv, head_dim_k // 64
+        self.plan = VectorPlan(gqa, R, n64) if vector else None
+        # a decode row's kernels take the gqa query heads of a KV head only (a prefill block's
+        # larger count would be compiled into them and never run)
+        self.decode_plan = VectorPlan(gqa, gqa, n64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
         # a decode part, a prefill part per thread, and a decode part per thread (segments_kernel;
         # zero pages, committed only when a several-sequence step writes them)
@@ -1033,7 +1043,7 @@ def _entry(ws, par, decode):
     plan, else the per-head kernel; on all threads (par) or the calling one."""
     if ws.plan is None:
         return _per_head_par if par else _per_head_ser
-    return vector_kernel(ws.plan, par, decode)
+    return vector_kernel(ws.decode_plan if decode else ws.plan, par, decode)
 
 
 @kernel

@@ -424,7 +424,7 @@ class Tables:
         sequences, two or more of them one row each) and the vector kernels, ATTN_SEGS."""
         t = np.zeros((2, ROW_KERNELS), np.int64)
         if decode_rows and ws.plan is not None:
-            t[0, ATTN_SEGS] = self._fn(_attn.segments_kernel(ws.plan), "attention_segs")
+            t[0, ATTN_SEGS] = self._fn(_attn.segments_kernel(ws.decode_plan), "attention_segs")
         variants = [(n, n_past)] + ([(1, n_past + n - 1)] if last_row and n > 1 else [])
         for r, (m, pos) in enumerate(variants):
             rows = _ops.row_kernels(m, serial_upto)
