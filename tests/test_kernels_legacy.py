@@ -150,7 +150,8 @@ def test_matvec_matches_ggml_vec_dot(name):
 @pytest.mark.parametrize("name", ALL)
 def test_matvec_remainder_rows_match_ggml_vec_dot(name):
     """22 weight rows (fixture rows 5..26): the driver's 16-row chunks are then 16 and 6 rows, so
-    vec_dot4 runs on groups of 4 and the single-row vec_dot on the 2 left over; bit for bit."""
+    vec_dot4 runs on groups of 4 and the single-row vec_dot on the 2 left over (a K-quant's
+    vec_dot4 on a padded copy of them); bit for bit."""
     w, d = fixture_weight(name)
     rb = F.format_of(name).row_bytes(w.shape[1])
     w22 = T(w.name, w.ggml_type, (22, w.shape[1]), w.data[5 * rb:27 * rb])

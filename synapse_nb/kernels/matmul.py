@@ -26,7 +26,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 * Vectorization: Numba builds with LLVM's SLP vectorizer off, and 16/32-trip inner loops get fully
   unrolled before the loop vectorizer runs, so per-block inner loops compile to scalar code. The
   legacy formats therefore do each block's integer work in one explicit-vector LLVM intrinsic
-  (block_ir.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, else a portable widening multiply);
+  (block_ir.make_block_lanes_fma: vpdpbusd with AVX512-VNNI, vpmaddubsw + vpmaddwd with AVX2, else a
+  portable widening multiply);
   check ``inspect_asm()`` of any new row function for zmm/ymm (benchmarks/bench_kernels.py --asm).
   A row function may ignore ``scratch`` and keep small buffers on its stack (an alloca intrinsic).
 * Caching: a driver inlines row functions from other files; kernels/cache_locators.py makes every cached
@@ -135,13 +136,31 @@ def _row_groups(groups, single, per_row=False):
     """Driver source for the rows m0..m1 of a chunk: whole groups of each (width, call) in groups,
     widest first, then the rows left one by one by ``single`` (calls written with m, resp. r).
     per_row: all that for each activation row n in turn (calls written with n too), the chunk's
-    weights read from memory once and from the cache for the next rows."""
+    weights read from memory once and from the cache for the next rows. ``single`` None: the
+    rows left (fewer than the narrowest group's width, whose call must take (y1, m, w, a_row)
+    as vec_dot4 does) are copied into a zeroed group of that width, computed by its call and
+    copied out (the same operations per row; a driver then holds one row function, not two:
+    the single-row function was about a third of a K-quant decode driver's compile)."""
     src = ""
     for width, call in groups:
         src += f"while m + {width} <= m1:\n    {call}\n    m += {width}\n"
-    # the single-row calls' scratch, allocated only by a chunk that has such rows (an allocation
-    # per chunk was ~10 % of a decode matvec of 576-value rows)
-    src += f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n        {single}\n"
+    if single is None:
+        # one call site (a second one doubled the driver's compile): a group of the rows left
+        # runs the same call on a padded copy
+        (width, call), = groups
+        # (plain loops: Numba's slice assignment is seconds of compile)
+        src = (f"yr, wr, mr = y[n], w, m\nwhile m < m1:\n    if m + {width} > m1:\n"
+               f"        wr = np.empty(({width}, w.shape[1]), np.uint8)\n"
+               f"        for i in range({width}):\n            for j in range(w.shape[1]):\n"
+               f"                wr[i, j] = w[min(m + i, m1 - 1), j]\n"
+               f"        yr, mr = np.empty({width}, np.float32), 0\n"
+               f"    {call.replace('(y[n], m, w,', '(yr, mr, wr,')}\n"
+               f"    if m + {width} > m1:\n        for i in range(m1 - m):\n            y[n, m + i] = yr[i]\n"
+               f"    m += {width}\n    mr += {width}\n")
+    else:
+        # the single-row calls' scratch, allocated only by a chunk that has such rows (an allocation
+        # per chunk was ~10 % of a decode matvec of 576-value rows)
+        src += f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n        {single}\n"
     if per_row:
         src = "for n in range(a.shape[0]):\n    m = m0\n" + "".join(f"    {line}\n" for line in src.splitlines())
     else:
@@ -214,8 +233,14 @@ def _weight_kernels(fmt) -> Kernels:
     mod = fmt.kernels
     m_ = _MODS[mod]
     dot, dot4, rows = fmt.vec_dot_name(), fmt.vec_dot4_name(), fmt.rows_dot_name()
-    one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else [],
-                      f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
+    # a K-quant's rows left over are computed by its vec_dot4 too (a padded group): its
+    # single-row function was 1-2.5 s of its decode driver's 5-7 s of compile; a block format's
+    # is small, and the padding's code cost its driver 0.5 s more than it saved
+    if hasattr(m_, dot4):
+        one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")],
+                          None if mod == "kquants" else f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
+    else:
+        one = _row_groups([], f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
     if hasattr(m_, rows):
         wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
         many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
