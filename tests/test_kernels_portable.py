@@ -1,10 +1,13 @@
-"""The portable code path (no AVX512-VNNI, F16C or PSHUFB) of every format, against ggml.
+"""The portable code path (no AVX512-VNNI, F16C or PSHUFB) and the AVX2 path (AVX2, F16C, PSHUFB,
+no AVX512) of every format, against ggml.
 
 A subprocess with NUMBA_CPU_NAME=generic (which simd.py's host probe reads as "no host
-features", so only portable LLVM IR is emitted) and its own NUMBA_CACHE_DIR runs every weight
-format's vec_dot row function (and its multi-row rows_dot and four-row vec_dot4, where it has
-them) and every activation quantizer on ggml's fixtures (tests/data/kernels/FMT.npz: ggml's
-activation bytes and vec_dot outputs) and compares bit for bit.
+features", so only portable LLVM IR is emitted), or with NUMBA_CPU_NAME=haswell and its features
+in NUMBA_CPU_FEATURES (which the probe reads as the features), and its own NUMBA_CACHE_DIR runs
+every weight format's vec_dot row function (and its multi-row rows_dot and four-row vec_dot4,
+where it has them) and every activation quantizer on ggml's fixtures (tests/data/kernels/FMT.npz:
+ggml's activation bytes and vec_dot outputs) and compares bit for bit. Hosts with AVX512-VNNI
+run the VNNI path everywhere else, AVX2 hosts the AVX2 path: this covers the one they do not.
 """
 
 import importlib
@@ -27,7 +30,10 @@ from synapse_nb import formats as F
 from synapse_nb.kernels import simd
 
 KERNELS = sys.argv[1]
-assert not (simd.HAS_VNNI256 or simd.HAS_F16C or simd.HAS_PSHUFB), simd.HOST_FEATURES
+if sys.argv[2] == "generic":
+    assert not (simd.HAS_VNNI256 or simd.HAS_F16C or simd.HAS_PSHUFB or simd.HAS_AVX2), simd.HOST_FEATURES
+else:
+    assert simd.HAS_AVX2 and simd.HAS_F16C and simd.HAS_PSHUFB and not (simd.HAS_VNNI256 or simd.HAS_VNNI512)
 res = {}
 for fmt in F.weight_formats():
     z = np.load(f"{KERNELS}/{fmt.name.lower()}.npz")
@@ -66,10 +72,26 @@ print(json.dumps(res))
 """
 
 
-def test_portable_path_of_every_format_matches_ggml(tmp_path):
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
-    env.pop("NUMBA_CPU_FEATURES", None)
-    r = subprocess.run([sys.executable, "-c", _CHECK, str(KERNELS)], cwd=ROOT, env=env,
+# Haswell's features (AVX2, FMA, F16C; no AVX-512): what Numba compiles for under this name
+_HASWELL = "+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3"
+
+
+def _host_has_avx2():
+    from llvmlite import binding
+    return bool(dict(binding.get_host_cpu_features()).get("avx2"))
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2"])
+def test_portable_path_of_every_format_matches_ggml(tmp_path, path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    if path == "generic":
+        env["NUMBA_CPU_NAME"] = "generic"
+        env.pop("NUMBA_CPU_FEATURES", None)
+    else:
+        if not _host_has_avx2():
+            pytest.skip("the host has no AVX2: it cannot run the AVX2 path")
+        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=_HASWELL)
+    r = subprocess.run([sys.executable, "-c", _CHECK, str(KERNELS), path], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])

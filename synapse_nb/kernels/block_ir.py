@@ -35,9 +35,9 @@ _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 # the offset of the block's 32 int8 activations in a_row. The integer part is exact.
 # ---------------------------------------------------------------------------------------------
 
-def make_block_lanes_fma(decode, offset):
+def make_block_lanes_fma(decode, offset, u_max=255):
     """Build the block intrinsic for a weight decoder (see the comment above). ``decode(builder,
-    wblock_ptr)`` returns the block's 32 weights as <32 x i8> unsigned codes u (0..255), the
+    wblock_ptr)`` returns the block's 32 weights as <32 x i8> unsigned codes u (0..u_max), the
     weights being u - offset (ir_lanes_offset)."""
 
     @intrinsic
@@ -50,7 +50,7 @@ def make_block_lanes_fma(decode, offset):
             adata = ir_data(context, builder, signature.args[4], a)
             w8 = decode(builder, builder.gep(wdata, [wo]))
             a8 = ir_int8x32(builder, builder.gep(adata, [ao]))
-            ir_fma8(builder, accp, dval, ir_lanes_offset(builder, w8, a8, offset))
+            ir_fma8(builder, accp, dval, ir_lanes_offset(builder, w8, a8, offset, u_max))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -82,7 +82,7 @@ def prefetch4_ahead(typingctx, w0, w1, w_off, block_bytes):
 
 
 def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_bytes, prefetch=True,
-                    many_rows=False):
+                    many_rows=False, u_max=255):
     """Build the four-row block intrinsic of a 32-value block format:
         block4_dot(acc01, acc23, sums, w0, w1, w2, w3, w_off, a_row, a_off)
     does for each row r < 4 exactly what one block of the format's vec_dot does (same integer
@@ -94,7 +94,8 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3: lanes 0..7 / 8..15), sums: 8 float32 (stack
     buffers; touch them only with acc16_zero / acc16_hsum / acc8_zero / acc8_lane).
     ``decode2(builder, p0, p1)`` gives two blocks' 32 weights each as one <64 x i8> of unsigned
-    codes u, the weights being u - offset (ir_lanes_offset); block_bytes: the format's block size.
+    codes u (0..u_max), the weights being u - offset (ir_lanes_offset); block_bytes: the format's
+    block size.
     ``prefetch``: fetch the weights ahead (a matvec streams them; a matmul
     re-reads each block for many rows). ``many_rows`` (a matmul: the same weight blocks against
     many activation rows, rows_dot8): with AVX512-VNNI and an offset, the lanes are formed as
@@ -160,7 +161,7 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
                     init = builder.sub(zero, ir_vpdpbusd(builder, zero, c128, ws8))
                     lanes = ir_vpdpbusd(builder, init, a64u, ws8)
                 else:
-                    lanes = ir_lanes_offset(builder, w8, a64, offset)
+                    lanes = ir_lanes_offset(builder, w8, a64, offset, u_max)
                 i0, i1 = pick[2 * pair], pick[2 * pair + 1]
                 wv16 = builder.shuffle_vector(wf, wf, ir.Constant(ir.VectorType(_I32, 16), [i0] * 8 + [i1] * 8))
                 dv = builder.fmul(wv16, af16)

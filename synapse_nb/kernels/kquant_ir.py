@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 from .scalar import IQ4NL_TABLE_U8
 from . import simd
 from .simd import (flat_args, ir_bytes, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32,
-                   ir_intrinsic, ir_lanes, ir_lanes_portable, ir_load, ir_lookup_nibbles32, ir_prefetch_rows_ahead,
+                   ir_intrinsic, ir_lanes, ir_lanes_novnni, ir_load, ir_lookup_nibbles32, ir_prefetch_rows_ahead,
                    ir_shuffle, ir_splat, ir_splat_const, ir_store, ir_vec, ir_vpdpbusd, ir_word)
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
@@ -58,7 +58,7 @@ def _dot64_typer(p16, qb, qo, ya, yo, sv, so):
     return types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp) if flat_args(p16, qb, ya, sv) else None
 
 
-def _emit_dot64_scaled_add(context, builder, sig, args):
+def _emit_dot64_scaled_add(context, builder, sig, args, u_max=255):
     """dot64_madd_add's portable form (vpdpbusd.512 with AVX512-VNNI, else widening IR):
     p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
     32-value chunks at once (lanes 0..7 the first chunk's, 8..15 the second's; one vpdpbusd.512).
@@ -69,7 +69,7 @@ def _emit_dot64_scaled_add(context, builder, sig, args):
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
     q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)
     y8 = ir_load(builder, builder.gep(ir_data(context, builder, ya_t, ya_v), [yo_v]), 64)
-    lanes = ir_lanes(builder, q8, y8)
+    lanes = ir_lanes(builder, q8, y8, u_max)
     sv_ptr = builder.gep(ir_data(context, builder, sv_t, sv_v, _I32), [so_v])
     scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
     p_ptr = builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
@@ -77,18 +77,45 @@ def _emit_dot64_scaled_add(context, builder, sig, args):
 
 
 
+def _maddubs64(builder, u8, a8):
+    """vpmaddubsw on <64 x i8> unsigned u8 x signed a8 -> <32 x i16> (word w: u[2w] * a[2w] +
+    u[2w+1] * a[2w+1], saturated: exact for u < 128, |a| <= 127): one 512-bit op with AVX512-VNNI
+    hosts' AVX512BW, two 256-bit ones with AVX2."""
+    i16 = ir.IntType(16)
+    fn = cgutils.get_or_insert_function
+    if simd.HAS_VNNI512:
+        maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2),
+                     "llvm.x86.avx512.pmaddubs.w.512")
+        return builder.call(maddubs, [u8, a8])
+    maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 16), [ir.VectorType(_I8, 32)] * 2),
+                 "llvm.x86.avx2.pmadd.ub.sw")
+    halves = [builder.call(maddubs, [ir_shuffle(builder, u8, None, range(h, h + 32)),
+                                     ir_shuffle(builder, a8, None, range(h, h + 32))]) for h in (0, 32)]
+    return ir_shuffle(builder, halves[0], halves[1], range(32))
+
+
+def _dpwssd(builder, acc, t, words):
+    """acc + (t[2j] * words[2j] + t[2j+1] * words[2j+1]) per int32 lane j (<16 x i32> acc, <32 x i16>
+    t and words; exact int32, wrapping): vpdpwssd.512 with AVX512-VNNI, else two vpmaddwd (AVX2)
+    and an add."""
+    i16 = ir.IntType(16)
+    fn = cgutils.get_or_insert_function
+    if simd.HAS_VNNI512:
+        dpwssd = fn(builder.module, ir.FunctionType(_V16I, [_V16I] * 3), "llvm.x86.avx512.vpdpwssd.512")
+        return builder.call(dpwssd, [acc, builder.bitcast(t, _V16I), builder.bitcast(words, _V16I)])
+    madd = fn(builder.module, ir.FunctionType(_V8I, [ir.VectorType(i16, 16)] * 2), "llvm.x86.avx2.pmadd.wd")
+    halves = [builder.call(madd, [ir_shuffle(builder, t, None, range(h, h + 16)),
+                                  ir_shuffle(builder, words, None, range(h, h + 16))]) for h in (0, 16)]
+    return builder.add(acc, ir_shuffle(builder, halves[0], halves[1], range(16)))
+
+
 def _ir_madd_dpwssd(builder, acc, q8, y8, sv16):
     """acc + vpdpwssd(vpmaddubsw(q8, y8), each int32 lane's scale on both its words): <16 x i32>,
     q8 <64 x i8> unsigned values < 128, y8 <64 x i8> signed, sv16 <16 x i32> scales that fit int16
-    (dot64_madd_add's and make_rows2_step's integer step; AVX512-VNNI)."""
+    (dot64_madd_add's and make_rows2_step's integer step; AVX512-VNNI, or AVX2: _maddubs64, _dpwssd)."""
     i16 = ir.IntType(16)
-    fn = cgutils.get_or_insert_function
-    maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2),
-                 "llvm.x86.avx512.pmaddubs.w.512")
-    dpwssd = fn(builder.module, ir.FunctionType(_V16I, [_V16I] * 3), "llvm.x86.avx512.vpdpwssd.512")
     words = ir_shuffle(builder, builder.trunc(sv16, ir.VectorType(i16, 16)), None, [j // 2 for j in range(32)])
-    t = builder.call(maddubs, [q8, y8])
-    return builder.call(dpwssd, [acc, builder.bitcast(t, _V16I), builder.bitcast(words, _V16I)])
+    return _dpwssd(builder, acc, _maddubs64(builder, q8, y8), words)
 
 
 @ir_intrinsic(_dot64_typer)
@@ -99,9 +126,10 @@ def dot64_madd_add(context, builder, sig, args):
     saturated: |.| <= 2 * 127 * 128) then vpdpwssd of the words with their lane's scale (both
     words of int32 lane j scaled by sv[so+j]), added to p16 in the same op: two instructions
     where vpdpbusd, vpmulld and vpaddd take three (ggml's AVX2 maddubs + madd(scales), fused).
-    Without VNNI-512, _emit_dot64_scaled_add's code."""
-    if not simd.HAS_VNNI512:
-        return _emit_dot64_scaled_add(context, builder, sig, args)
+    With AVX2 (no VNNI), ggml's own two vpmaddubsw and two vpmaddwd(scales) per 64 values and an
+    add; without either, _emit_dot64_scaled_add's portable code."""
+    if not (simd.HAS_VNNI512 or simd.HAS_AVX2):
+        return _emit_dot64_scaled_add(context, builder, sig, args, u_max=127)
     p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
     q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)
@@ -251,12 +279,12 @@ def _madd_pairs(builder, x, y):
     return builder.add(ir_shuffle(builder, prod, None, range(0, n, 2)), ir_shuffle(builder, prod, None, range(1, n, 2)))
 
 
-def _lanes64_acc(builder, w8, a8, acc):
+def _lanes64_acc(builder, w8, a8, acc, small=False):
     """acc + the 16 int32 lanes of unsigned w8 x signed a8 (<64 x i8>; vpdpbusd.512 with acc as its
-    accumulator, else portable IR): wrapping int32, the same bits either way."""
+    accumulator, else ir_lanes_novnni, ``small``: w8 <= 128): wrapping int32, the same bits either way."""
     if simd.HAS_VNNI512:
         return ir_vpdpbusd(builder, acc, w8, a8)
-    return builder.add(acc, ir_lanes_portable(builder, w8, a8, False))
+    return builder.add(acc, ir_lanes_novnni(builder, w8, a8, False, small))
 
 
 def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0, dmin_off=None, mins=None,
@@ -270,8 +298,9 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
       per row pair (0, 1 / 2, 3) and chunk c one 16-lane step on [row a's chunk c, row b's chunk c]
       against the chunk's 32 activations twice: with ``small_values`` (stored values < 128) and
       AVX512-VNNI, vpmaddubsw (pairs of products in int16: |.| <= 2 * 127 * 128, never saturated)
-      then vpdpwssd with the lanes' scales (scale and add in one op); else vpdpbusd.512, times the
-      scales, added (portable IR without VNNI); acc_pair = fma(d, float(lanes), acc_pair).
+      then vpdpwssd with the lanes' scales (scale and add in one op; with AVX2: two vpmaddubsw,
+      two vpmaddwd with the scales, an add); else vpdpbusd.512 (AVX2: ir_lanes_novnni; portable
+      IR), times the scales, added; acc_pair = fma(d, float(lanes), acc_pair).
     Chunks outer, row pairs inner: few live vectors (no spills). Integer lanes are exact, so the
     different groupings give vec_dot's int32 values; each float op is vec_dot's, lane by lane.
     acc01 / acc23: 16 float32 each (rows 0, 1 / 2, 3, lanes 0..7 / 8..15); accx: 16 float32 for
@@ -306,17 +335,12 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
 
         def codegen(context, builder, signature, args):
             p01, p23, px, r0, r1, r2, r3, wo, a, ao = args
-            use_madd = simd.HAS_VNNI512 and small_values
+            use_madd = (simd.HAS_VNNI512 or simd.HAS_AVX2) and small_values
             wp = [builder.gep(ir_data(context, builder, signature.args[3 + r], v), [wo])
                   for r, v in enumerate((r0, r1, r2, r3))]
             ap = builder.gep(ir_data(context, builder, signature.args[8], a), [ao])
             if prefetch:  # as make_block4_dot, into L2 and further ahead (simd.L2_PREFETCH)
                 ir_prefetch_rows_ahead(builder, wp, wo, block_bytes, **(simd.L2_PREFETCH if l2_prefetch else {}))
-            if use_madd:
-                maddubs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                    ir.VectorType(i16, 32), [ir.VectorType(_I8, 64)] * 2), "llvm.x86.avx512.pmaddubs.w.512")
-                dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I] * 3),
-                                                        "llvm.x86.avx512.vpdpwssd.512")
             yd = builder.load(builder.bitcast(ap, _F32.as_pointer()), align=1)
             # the rows' F16 d (and dmin) in one conversion and one multiply: dm[di(r)], dm[mi(r)]
             if has_min:
@@ -364,27 +388,28 @@ def make_superblock4_dot(block_bytes, d_off, values, scales, per_half, offset=0,
                 if use_madd:  # -offset * (a[2w] + a[2w+1]) per word (|.| < 2^15)
                     acc0 = None if not offset else builder.sub(
                         ir.Constant(ir.VectorType(i16, 32), [0] * 32),
-                        builder.call(maddubs, [ir_splat_const(_I8, offset, 64), a64]))
+                        _maddubs64(builder, ir_splat_const(_I8, offset, 64), a64))
                 else:
                     acc0 = ir.Constant(_V16I, [0] * 16)
                     if offset:
-                        acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0))
+                        acc0 = builder.sub(acc0, _lanes64_acc(builder, ir_splat_const(_I8, offset, 64), a64, acc0,
+                                                               small=offset <= 128))
                 for q, (ra, rb) in enumerate(pairs):
                     if values2 is not None:
                         v = values2(builder, wp[ra], wp[rb], c)
                     else:
                         v = ir_shuffle(builder, values(builder, wp[ra], c), values(builder, wp[rb], c), range(64))
                     if use_madd:  # vpmaddubsw (word w: 2 products, no saturation: values < 128) + vpdpwssd
-                        t = builder.call(maddubs, [v, a64])
+                        t = _maddubs64(builder, v, a64)
                         if offset:
                             t = builder.add(t, acc0)
                         sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16) for _ in range(2)])
-                        lanes[q] = builder.call(dpwssd, [lanes[q], builder.bitcast(t, _V16I),
-                                                         builder.bitcast(sv, _V16I)])
+                        lanes[q] = _dpwssd(builder, lanes[q], t, sv)
                     else:
                         sv = ir_shuffle(builder, tabs[q], None, [sidx(c, L) for L in range(16)] if per_half
                                         else [c] * 8 + [8 + c] * 8)
-                        lanes[q] = builder.add(lanes[q], builder.mul(sv, _lanes64_acc(builder, v, a64, acc0)))
+                        lanes[q] = builder.add(lanes[q], builder.mul(sv, _lanes64_acc(builder, v, a64, acc0,
+                                                                                      small=small_values)))
             for q, ((ra, rb), accp) in enumerate(zip(pairs, (p01, p23))):
                 (_, ma), (_, mb) = scs[ra], scs[rb]
                 vptr = builder.bitcast(accp, v16f.as_pointer())

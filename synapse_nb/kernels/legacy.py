@@ -178,10 +178,15 @@ def _signed(decode, offset):
 
 # Per-block intrinsics (block_ir.py): _blk_T, the lanes-and-fma step of the dots; _deqblk_T, the
 # dequantization of one block.
+# the largest code u each decoder gives (AVX2 without VNNI multiplies codes up to 128 unsigned as
+# they are, larger ones by ggml's sign trick: simd.ir_lanes_offset)
+_CODE_MAX = {"q4_0": 15, "q4_1": 15, "q5_0": 31, "q5_1": 31, "q8_0": 255, "iq4_nl": 255}
 for _stem, _, _bb, _, _ao, _off, _with_min, _ in _BLOCK_FORMATS:
-    globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], _off)
-    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb)
+    globals()[f"_blk_{_stem}"] = make_block_lanes_fma(globals()[f"_decode_{_stem}"], _off, _CODE_MAX[_stem])
+    globals()[f"_blk4_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb,
+                                                  u_max=_CODE_MAX[_stem])
     globals()[f"_blk4m_{_stem}"] = make_block4_dot(globals()[f"_decode2_{_stem}"], _off, 0, _with_min, 0, _ao, _bb,
+                                                   u_max=_CODE_MAX[_stem],
                                                    prefetch=False, many_rows=True)
     globals()[f"_deqblk_{_stem}"] = make_block_dequant(_signed(globals()[f"_decode_{_stem}"], _off), with_min=_with_min)
 

@@ -1,11 +1,11 @@
 """The host's SIMD features and the LLVM-IR building blocks every kernel module emits with.
 
-Host features (HOST_FEATURES, probed once here): vpdpbusd (AVX512-VNNI + VL / BW), vcvtph2ps
-(F16C) and pshufb (SSSE3) are used when the host has them, else portable IR computing the same
-bits. Numba's cache is keyed on the host CPU and its features, so baking the choice into compiled
-code is safe; when Numba is told to target another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, e.g.
-``NUMBA_CPU_NAME=generic``), the probe reports no features and only portable IR is emitted. The
-emitters read the HAS_* flags of this module when a kernel is compiled (tests patch them here).
+Host features (HOST_FEATURES, probed once here): vpdpbusd (AVX512-VNNI + VL / BW), else vpmaddubsw +
+vpmaddwd (AVX2), vcvtph2ps (F16C) and pshufb (SSSE3) are used when the host has them, else
+portable IR computing the same bits. Numba's cache is keyed on the host CPU and its features, so baking the choice into compiled
+code is safe; when Numba is told to target another CPU, the probe reports the features it is told
+(NUMBA_CPU_FEATURES), or none (NUMBA_CPU_NAME alone, e.g. ``NUMBA_CPU_NAME=generic``: only
+portable IR is emitted). The emitters read the HAS_* flags of this module when a kernel is compiled (tests patch them here).
 
 Here: the probe; ``ir_*`` emitters (vector loads and shuffles, the exact integer lane dots ggml's
 maddubs + madd compute, lane fmas, F16 conversion, table lookups, prefetches); ``ir_intrinsic``
@@ -29,7 +29,17 @@ _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatT
 # accumulators, 8 float32 per row, live on the stack.
 ROWS_GROUP = 64
 
-HOST_FEATURES = {} if (config.CPU_NAME or config.CPU_FEATURES) else dict(llvm_binding.get_host_cpu_features())
+
+
+def _probe():
+    """The features kernels are compiled for: NUMBA_CPU_FEATURES's when it is set (Numba compiles
+    for those: "+avx2,-avx512f,..."), none for a NUMBA_CPU_NAME alone, else the host's."""
+    if config.CPU_FEATURES:
+        return {f[1:]: f[0] == "+" for f in config.CPU_FEATURES.split(",") if f[:1] in ("+", "-")}
+    return {} if config.CPU_NAME else dict(llvm_binding.get_host_cpu_features())
+
+
+HOST_FEATURES = _probe()
 HAS_F16C = bool(HOST_FEATURES.get("f16c"))
 HAS_VNNI256 = bool(HOST_FEATURES.get("avx512vnni") and HOST_FEATURES.get("avx512vl"))
 HAS_PSHUFB = bool(HOST_FEATURES.get("ssse3"))
@@ -149,7 +159,64 @@ def ir_add_const(builder, v, c):
 
 # vpdpbusd computes exactly the 8 lanes (u8 x s8, groups of 4 summed into int32; 16 lanes for 64
 # values on a zmm): used when the host has AVX512-VNNI + VL (HAS_VNNI256; the 512-bit form needs
-# only AVX512-VNNI, which implies AVX512F), else the portable widening multiply.
+# only AVX512-VNNI, which implies AVX512F); else, with AVX2, ggml's own vpmaddubsw + vpmaddwd
+# (ir_lanes_avx2); else the portable widening multiply.
+
+
+def _maddubs_lanes32(builder, u8, a8):
+    """<8 x i32> lanes of <32 x i8> u8 (unsigned) x a8 (signed): vpmaddubsw (products in pairs,
+    int16 with saturation) then vpmaddwd by 1 (the pairs in pairs, int32). Exact when no pair
+    exceeds int16: u <= 128 and |a| <= 127 (2 * 128 * 127 < 2^15), as in ggml's AVX2 dots."""
+    i16x16 = ir.VectorType(ir.IntType(16), 16)
+    fn = cgutils.get_or_insert_function
+    maddubs = fn(builder.module, ir.FunctionType(i16x16, [ir.VectorType(_I8, 32)] * 2), "llvm.x86.avx2.pmadd.ub.sw")
+    madd = fn(builder.module, ir.FunctionType(ir.VectorType(_I32, 8), [i16x16] * 2), "llvm.x86.avx2.pmadd.wd")
+    return builder.call(madd, [builder.call(maddubs, [u8, a8]), ir.Constant(i16x16, [1] * 16)])
+
+
+def _by32(builder, f, *vs):
+    """f on each 32-byte part of the <n x i8> vs (n = 32 or 64), its <8 x i32> results concatenated."""
+    n = vs[0].type.count
+    if n == 32:
+        return f(*vs)
+    parts = [f(*[builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32), list(range(h, h + 32))))
+                 for v in vs]) for h in range(0, n, 32)]
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+
+
+def ir_lanes_avx2(builder, w8, a8, signed, small=False):
+    """ir_lanes_portable's exact int32 lanes (<n/4 x i32> of <n x i8> w8 x signed a8, n = 32 or 64)
+    with AVX2, as ggml's AVX2 dots compute them, for activations |a| <= 127 (every Q8_0 / Q8_1 /
+    Q8_K quant: ggml's quantizers round to [-127, 127]):
+      signed w (-128..127): vpmaddubsw(|w|, a with w's sign) (mul_sum_i8_pairs_float's sign trick)
+        then vpmaddwd by 1;
+      unsigned w, ``small`` (w <= 128, e.g. nibbles): vpmaddubsw(w, a) then vpmaddwd by 1;
+      unsigned w (0..255): the signed lanes of w - 128 plus 128 * the 4-value sums of a (the
+        activations' part, which LLVM computes once for the rows sharing them).
+    Every term stays within int16 before the int32 sums, so the lanes are the exact ones."""
+    n = w8.type.count
+
+    def signed_lanes(w, a):
+        neg = builder.icmp_signed("<", w, ir.Constant(w.type, [0] * w.type.count))
+        return _maddubs_lanes32(builder, builder.select(neg, builder.sub(ir.Constant(w.type, [0] * w.type.count), w), w),
+                                builder.select(neg, builder.sub(ir.Constant(a.type, [0] * a.type.count), a), a))
+
+    if signed:
+        return _by32(builder, signed_lanes, w8, a8)
+    if small:
+        return _by32(builder, lambda u, a: _maddubs_lanes32(builder, u, a), w8, a8)
+    centred = builder.xor(w8, ir.Constant(w8.type, [0x80] * n))  # w - 128 as int8
+    lanes = _by32(builder, signed_lanes, centred, a8)
+    ones = ir.Constant(ir.VectorType(_I8, 32), [1] * 32)
+    sums = _by32(builder, lambda a: _maddubs_lanes32(builder, ones, a), a8)
+    return builder.add(lanes, builder.shl(sums, ir.Constant(sums.type, [7] * sums.type.count)))
+
+
+def ir_lanes_novnni(builder, w8, a8, signed, small=False):
+    """The exact lanes without vpdpbusd: ir_lanes_avx2 on AVX2 hosts, else ir_lanes_portable."""
+    if HAS_AVX2:
+        return ir_lanes_avx2(builder, w8, a8, signed, small)
+    return ir_lanes_portable(builder, w8, a8, signed)
 
 
 def ir_lanes_portable(builder, w8, a8, signed):
@@ -178,30 +245,38 @@ def _has_vnni(n):
     return HAS_VNNI256 if n == 32 else HAS_VNNI512
 
 
-def ir_lanes(builder, u8, a8):
-    """<n/4 x i32> lanes l = sum_{k<4} u[4l+k] * a[4l+k] of <n x i8> unsigned weights u (0..255)
-    and signed activations a, n = 32 (one ymm: vpdpbusd.256) or 64 (two 32-value chunks in one
-    zmm: vpdpbusd.512): exact (ggml's maddubs + madd). Signed weights: ir_lanes_offset."""
+def ir_lanes(builder, u8, a8, u_max=255):
+    """<n/4 x i32> lanes l = sum_{k<4} u[4l+k] * a[4l+k] of <n x i8> unsigned weights u (0..u_max,
+    a Python int: what the caller's values can be) and signed activations a, n = 32 (one ymm:
+    vpdpbusd.256) or 64 (two 32-value chunks in one zmm: vpdpbusd.512): exact (ggml's maddubs +
+    madd). Signed weights: ir_lanes_offset."""
     n = u8.type.count
     if not _has_vnni(n):
-        return ir_lanes_portable(builder, u8, a8, False)
+        return ir_lanes_novnni(builder, u8, a8, False, small=u_max <= 128)
     return ir_vpdpbusd(builder, ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4)), u8, a8)
 
 
-def ir_lanes_offset(builder, u8, a8, offset):
+def ir_lanes_offset(builder, u8, a8, offset, u_max=255):
     """The lanes of ir_lanes for the signed weights w = u - offset, from their unsigned codes u
-    (<n x i8>, values 0..255; offset 0..128, a Python int) and signed activations a8, exact.
+    (<n x i8>, values 0..u_max; offset 0..128, Python ints) and signed activations a8, exact.
 
     sum_k (u_k - offset) * a_k = sum_k u_k * a_k - offset * sum_k a_k per lane, every term an exact
     int32 (|offset * sum| <= 2^16): with vpdpbusd, one multiply of u (unsigned as it is) started
     from -offset * sum(a) -- the same int32 lanes as ggml's sign trick, without its per-weight
     abs / sign / mask work. The -offset * sum(a) part reads only the activations: LLVM computes it
-    once for the weights (rows) that share them. Portable IR multiplies w itself."""
+    once for the weights (rows) that share them. With AVX2 the same for codes u_max <= 128
+    (vpmaddubsw of u as it is, then offset * the sums of a subtracted), else ggml's sign trick on
+    w; portable IR multiplies w itself."""
     n = u8.type.count
     if offset == 0:
-        return ir_lanes(builder, u8, a8)
+        return ir_lanes(builder, u8, a8, u_max)
     if not _has_vnni(n):
-        return ir_lanes_portable(builder, ir_add_const(builder, u8, -offset), a8, True)
+        if HAS_AVX2 and u_max <= 128:
+            ones = ir.Constant(ir.VectorType(_I8, 32), [1] * 32)
+            sums = _by32(builder, lambda a: _maddubs_lanes32(builder, ones, a), a8)
+            lanes = _by32(builder, lambda u, a: _maddubs_lanes32(builder, u, a), u8, a8)
+            return builder.sub(lanes, builder.mul(sums, ir.Constant(sums.type, [offset] * sums.type.count)))
+        return ir_lanes_novnni(builder, ir_add_const(builder, u8, -offset), a8, True)
     zero = ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4))
     bias = ir_vpdpbusd(builder, zero, ir.Constant(ir.VectorType(_I8, n), [offset & 0xFF] * n), a8)
     return ir_vpdpbusd(builder, builder.sub(zero, bias), u8, a8)
