@@ -1,10 +1,10 @@
 """Attention kernel timing at a long context: one decode row and a 64-row prefill batch.
 
     python3 -m benchmarks.bench_attention [--n-past 3000] [--reps 10] [--layers 30] [--threads 1,2]
-                                          [--models smollm2,qwen2.5] [--no-phases]
+                                          [--models smollm2,qwen2.5,gemma3] [--no-phases]
 
 For each model shape (SmolLM2-135M: 9 query heads, 3 KV heads; Qwen2.5-0.5B: 14 / 2; head_dim
-64), per layer: the vector kernels (attention_rows) and the per-head kernel (_attention_par/_ser:
+64; Gemma 3 270M: 4 / 1, head_dim 256), per layer: the vector kernels (attention_rows) and the per-head kernel (_attention_par/_ser:
 the kernel for other head dims; on today's cache layout and softmax), best of --reps, on --layers random caches cycled
 through, so that a decode step reads its K/V from memory as in a real forward (one layer's cache
 fits in L3; a model's does not). Prints µs per layer, GB/s of K/V bytes read (each KV head's K and
@@ -25,7 +25,7 @@ from numba import njit, prange  # noqa: E402
 
 from synapse_nb.kernels import attention as A  # noqa: E402
 
-SHAPES = {"smollm2": (9, 3, 64), "qwen2.5": (14, 2, 64)}
+SHAPES = {"smollm2": (9, 3, 64), "qwen2.5": (14, 2, 64), "gemma3": (4, 1, 256)}
 KT = A.KT
 
 
