@@ -240,7 +240,8 @@ def test_matmul_rows_equal_matvec(name, k):
     x[5, 256:512] = 0.0
     vec = np.stack([matvec(w, x[n]) for n in range(130)])
     assert np.isfinite(vec).all()
-    for n in (1, 2, 7, 64, 130):  # 130: more rows than one 64-row group of the multi-row kernels
+    for n in (1, 2, 7, 64, 130):  # 130: more rows than one 64-row group of the multi-row kernels (and
+        # than one of the matmul driver's 64-row activation blocks, matmul.ACT_BLOCK)
         assert same_bits(matmul(w, np.ascontiguousarray(x[:n])), vec[:n])
 
 

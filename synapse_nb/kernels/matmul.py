@@ -100,11 +100,20 @@ _ACT1 = '@kernel\n' + """def {name}(a, x):
 # kernel, or vec_dot4, four weight rows at once, where the format has it; up to three weights,
 # _CHUNKS3), _mm_ for several (rows_dot, each weight block decoded once for all activation rows,
 # where it has it).
-_CHUNKS = _DECORATOR + """def {name}(y, w, a, n_scratch):
+# The matmul's chunk takes the activation rows ACT_BLOCK at a time (all its weight rows against
+# one block, then the next): a block's converted rows stay in L2 for the chunk's weight rows, where
+# all 512 rows of a default batch (0.5-2.8 MB) were streamed again for every weight row. Each
+# output is the same call's operations whatever the block (the row functions' outputs do not
+# depend on the other activation rows they are given).
+ACT_BLOCK = 64
+_CHUNKS_MM = _DECORATOR + """def {name}(y_all, w, a_all, n_scratch):
     m_rows = w.shape[0]
     for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
         m0 = c * CHUNK_ROWS
         m1 = min(m_rows, m0 + CHUNK_ROWS)
+        for n0 in range(0, a_all.shape[0], ACT_BLOCK):
+            y = y_all[n0:n0 + ACT_BLOCK]
+            a = a_all[n0:n0 + ACT_BLOCK]
 {rows}"""
 # Matvec of up to three weights that read the same activation row (wq, wk, wv; gate, up; or one
 # weight and two of 0 rows): their chunks in one parallel region, each output the same call of
@@ -248,7 +257,7 @@ def _weight_kernels(fmt) -> Kernels:
     else:
         many = _MM_PAIRS.format(mod=mod, dot=dot)
     _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
-    _define(_CHUNKS.format(name=f"_mm_{fmt.stem}", rows=many))
+    _define(_CHUNKS_MM.format(name=f"_mm_{fmt.stem}", rows="".join("    " + line + "\n" for line in many.splitlines())))
     _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
     return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
                    globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
