@@ -4,8 +4,8 @@
                                           [--models smollm2,qwen2.5,gemma3] [--no-phases]
 
 For each model shape (SmolLM2-135M: 9 query heads, 3 KV heads; Qwen2.5-0.5B: 14 / 2; head_dim
-64; Gemma 3 270M: 4 / 1, head_dim 256), per layer: the vector kernels (attention_rows) and the per-head kernel (_attention_par/_ser:
-the kernel for other head dims; on today's cache layout and softmax), best of --reps, on --layers random caches cycled
+64; Gemma 3 270M: 4 / 1, head_dim 256), per layer: the vector kernels (attention_rows) and the
+per-head kernel (_attention_par/_ser: the kernel for other head dims; on today's cache layout and softmax), best of --reps, on --layers random caches cycled
 through, so that a decode step reads its K/V from memory as in a real forward (one layer's cache
 fits in L3; a model's does not). Prints µs per layer, GB/s of K/V bytes read (each KV head's K and
 V once) and GMAC/s of q.k + p.V, and for the decode row the three phases (q.k, softmax, p.V) timed

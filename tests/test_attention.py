@@ -169,7 +169,8 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
             use_threads(nt)
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                A.vector_kernel(ws.decode_plan if n == 1 else ws.plan, par, n == 1)(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
+                kern = A.vector_kernel(ws.decode_plan if n == 1 else ws.plan, par, n == 1)
+                kern(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)

@@ -15,7 +15,7 @@ from numba.extending import intrinsic
 
 from .scalar import IQ4NL_TABLE_U8
 from . import simd
-from .simd import (flat_args, ir_bytes, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32,
+from .simd import (flat_args, ir_by32, ir_bytes, ir_data, ir_f16_vec_to_f32, ir_fma8, ir_int8x32,
                    ir_intrinsic, ir_lanes, ir_lanes_novnni, ir_load, ir_lookup_nibbles32, ir_prefetch_rows_ahead,
                    ir_shuffle, ir_splat, ir_splat_const, ir_store, ir_vec, ir_vpdpbusd, ir_word)
 
@@ -58,7 +58,7 @@ def _dot64_typer(p16, qb, qo, ya, yo, sv, so):
     return types.void(p16, qb, types.intp, ya, types.intp, sv, types.intp) if flat_args(p16, qb, ya, sv) else None
 
 
-def _emit_dot64_scaled_add(context, builder, sig, args, u_max=255):
+def _emit_dot64_scaled_add(context, builder, sig, args):
     """dot64_madd_add's portable form (vpdpbusd.512 with AVX512-VNNI, else widening IR):
     p16[j] += sv[so+j] * sum_{i<4} qb[qo+4j+i] * int8(ya[yo+4j+i]), j = 0..15: two consecutive
     32-value chunks at once (lanes 0..7 the first chunk's, 8..15 the second's; one vpdpbusd.512).
@@ -69,7 +69,7 @@ def _emit_dot64_scaled_add(context, builder, sig, args, u_max=255):
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
     q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)
     y8 = ir_load(builder, builder.gep(ir_data(context, builder, ya_t, ya_v), [yo_v]), 64)
-    lanes = ir_lanes(builder, q8, y8, u_max)
+    lanes = ir_lanes(builder, q8, y8)
     sv_ptr = builder.gep(ir_data(context, builder, sv_t, sv_v, _I32), [so_v])
     scale = builder.load(builder.bitcast(sv_ptr, _V16I.as_pointer()), align=4)
     p_ptr = builder.bitcast(ir_data(context, builder, p_t, p_v, _I32), _V16I.as_pointer())
@@ -89,9 +89,7 @@ def _maddubs64(builder, u8, a8):
         return builder.call(maddubs, [u8, a8])
     maddubs = fn(builder.module, ir.FunctionType(ir.VectorType(i16, 16), [ir.VectorType(_I8, 32)] * 2),
                  "llvm.x86.avx2.pmadd.ub.sw")
-    halves = [builder.call(maddubs, [ir_shuffle(builder, u8, None, range(h, h + 32)),
-                                     ir_shuffle(builder, a8, None, range(h, h + 32))]) for h in (0, 32)]
-    return ir_shuffle(builder, halves[0], halves[1], range(32))
+    return ir_by32(builder, lambda u, a: builder.call(maddubs, [u, a]), u8, a8)
 
 
 def _dpwssd(builder, acc, t, words):
@@ -129,7 +127,7 @@ def dot64_madd_add(context, builder, sig, args):
     With AVX2 (no VNNI), ggml's own two vpmaddubsw and two vpmaddwd(scales) per 64 values and an
     add; without either, _emit_dot64_scaled_add's portable code."""
     if not (simd.HAS_VNNI512 or simd.HAS_AVX2):
-        return _emit_dot64_scaled_add(context, builder, sig, args, u_max=127)
+        return _emit_dot64_scaled_add(context, builder, sig, args)
     p_t, qb_t, _, ya_t, _, sv_t, _ = sig.args
     p_v, qb_v, qo_v, ya_v, yo_v, sv_v, so_v = args
     q8 = ir_load(builder, builder.gep(ir_data(context, builder, qb_t, qb_v), [qo_v]), 64)

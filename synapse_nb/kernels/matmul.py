@@ -145,19 +145,16 @@ def _row_groups(groups, single, per_row=False):
     """Driver source for the rows m0..m1 of a chunk: whole groups of each (width, call) in groups,
     widest first, then the rows left one by one by ``single`` (calls written with m, resp. r).
     per_row: all that for each activation row n in turn (calls written with n too), the chunk's
-    weights read from memory once and from the cache for the next rows. ``single`` None: the
-    rows left (fewer than the narrowest group's width, whose call must take (y1, m, w, a_row)
-    as vec_dot4 does) are copied into a zeroed group of that width, computed by its call and
-    copied out (the same operations per row; a driver then holds one row function, not two:
-    the single-row function was about a third of a K-quant decode driver's compile)."""
-    src = ""
-    for width, call in groups:
-        src += f"while m + {width} <= m1:\n    {call}\n    m += {width}\n"
+    weights read from memory once and from the cache for the next rows. ``single`` None (one
+    group, per_row, its call written as ``dot4(y[n], m, w, a[n])``): the rows left, fewer than
+    the group's width, are computed by the same call on a copy of them padded to the width with
+    the last one, and copied out (the same operations per row; a driver then holds one row
+    function, not two: the single-row function was about a third of a K-quant decode driver's
+    compile)."""
     if single is None:
-        # one call site (a second one doubled the driver's compile): a group of the rows left
-        # runs the same call on a padded copy
+        # one call site (a second one doubled the driver's compile); plain loops (Numba's slice
+        # assignment is seconds of compile)
         (width, call), = groups
-        # (plain loops: Numba's slice assignment is seconds of compile)
         src = (f"yr, wr, mr = y[n], w, m\nwhile m < m1:\n    if m + {width} > m1:\n"
                f"        wr = np.empty(({width}, w.shape[1]), np.uint8)\n"
                f"        for i in range({width}):\n            for j in range(w.shape[1]):\n"
@@ -167,9 +164,11 @@ def _row_groups(groups, single, per_row=False):
                f"    if m + {width} > m1:\n        for i in range(m1 - m):\n            y[n, m + i] = yr[i]\n"
                f"    m += {width}\n    mr += {width}\n")
     else:
+        src = "".join(f"while m + {width} <= m1:\n    {call}\n    m += {width}\n" for width, call in groups)
         # the single-row calls' scratch, allocated only by a chunk that has such rows (an allocation
         # per chunk was ~10 % of a decode matvec of 576-value rows)
-        src += f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n        {single}\n"
+        src += (f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n"
+                f"        {single}\n")
     if per_row:
         src = "for n in range(a.shape[0]):\n    m = m0\n" + "".join(f"    {line}\n" for line in src.splitlines())
     else:
@@ -245,11 +244,9 @@ def _weight_kernels(fmt) -> Kernels:
     # a K-quant's rows left over are computed by its vec_dot4 too (a padded group): its
     # single-row function was 1-2.5 s of its decode driver's 5-7 s of compile; a block format's
     # is small, and the padding's code cost its driver 0.5 s more than it saved
-    if hasattr(m_, dot4):
-        one = _row_groups([(4, f"{mod}.{dot4}(y[n], m, w, a[n])")],
-                          None if mod == "kquants" else f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
-    else:
-        one = _row_groups([], f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)", per_row=True)
+    groups = [(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else []
+    one = _row_groups(groups, None if groups and mod == "kquants" else f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)",
+                      per_row=True)
     if hasattr(m_, rows):
         wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
         many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
@@ -257,7 +254,7 @@ def _weight_kernels(fmt) -> Kernels:
     else:
         many = _MM_PAIRS.format(mod=mod, dot=dot)
     _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
-    _define(_CHUNKS_MM.format(name=f"_mm_{fmt.stem}", rows="".join("    " + line + "\n" for line in many.splitlines())))
+    _define(_CHUNKS_MM.format(name=f"_mm_{fmt.stem}", rows="".join(f"    {line}\n" for line in many.splitlines())))
     _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
     return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
                    globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])

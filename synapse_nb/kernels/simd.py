@@ -1,11 +1,12 @@
 """The host's SIMD features and the LLVM-IR building blocks every kernel module emits with.
 
-Host features (HOST_FEATURES, probed once here): vpdpbusd (AVX512-VNNI + VL / BW), else vpmaddubsw +
-vpmaddwd (AVX2), vcvtph2ps (F16C) and pshufb (SSSE3) are used when the host has them, else
-portable IR computing the same bits. Numba's cache is keyed on the host CPU and its features, so baking the choice into compiled
-code is safe; when Numba is told to target another CPU, the probe reports the features it is told
-(NUMBA_CPU_FEATURES), or none (NUMBA_CPU_NAME alone, e.g. ``NUMBA_CPU_NAME=generic``: only
-portable IR is emitted). The emitters read the HAS_* flags of this module when a kernel is compiled (tests patch them here).
+Host features (HOST_FEATURES, probed once here): vpdpbusd (AVX512-VNNI + VL / BW), else
+vpmaddubsw + vpmaddwd (AVX2), vcvtph2ps (F16C) and pshufb (SSSE3) are used when the host has
+them, else portable IR computing the same bits. Numba's cache is keyed on the host CPU and its
+features, so baking the choice into compiled code is safe; when Numba is told to target another
+CPU, the probe reports the features it is told (NUMBA_CPU_FEATURES), or none (NUMBA_CPU_NAME
+alone, e.g. ``NUMBA_CPU_NAME=generic``: only portable IR is emitted). The emitters read the HAS_*
+flags of this module when a kernel is compiled (tests patch them here).
 
 Here: the probe; ``ir_*`` emitters (vector loads and shuffles, the exact integer lane dots ggml's
 maddubs + madd compute, lane fmas, F16 conversion, table lookups, prefetches); ``ir_intrinsic``
@@ -28,7 +29,6 @@ _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatT
 # Activation rows per pass of the multi-row dots (rows_dot_*: legacy.py, kquants.py): their
 # accumulators, 8 float32 per row, live on the stack.
 ROWS_GROUP = 64
-
 
 
 def _probe():
@@ -174,14 +174,20 @@ def _maddubs_lanes32(builder, u8, a8):
     return builder.call(madd, [builder.call(maddubs, [u8, a8]), ir.Constant(i16x16, [1] * 16)])
 
 
-def _by32(builder, f, *vs):
-    """f on each 32-byte part of the <n x i8> vs (n = 32 or 64), its <8 x i32> results concatenated."""
+def ir_by32(builder, f, *vs):
+    """f on each 32-element part of the <n x ...> vs (n = 32 or 64: one ymm of bytes, or two), its
+    results (vectors of one length) concatenated."""
     n = vs[0].type.count
     if n == 32:
         return f(*vs)
-    parts = [f(*[builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32), list(range(h, h + 32))))
-                 for v in vs]) for h in range(0, n, 32)]
-    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    parts = [f(*[ir_shuffle(builder, v, None, range(h, h + 32)) for v in vs]) for h in range(0, n, 32)]
+    return ir_shuffle(builder, parts[0], parts[1], range(2 * parts[0].type.count))
+
+
+def _sums4(builder, a8):
+    """The 4-value sums of signed a8 (<n x i8>, n = 32 or 64) as <n/4 x i32> (vpmaddubsw by 1)."""
+    ones = ir.Constant(ir.VectorType(_I8, 32), [1] * 32)
+    return ir_by32(builder, lambda a: _maddubs_lanes32(builder, ones, a), a8)
 
 
 def ir_lanes_avx2(builder, w8, a8, signed, small=False):
@@ -194,21 +200,20 @@ def ir_lanes_avx2(builder, w8, a8, signed, small=False):
       unsigned w (0..255): the signed lanes of w - 128 plus 128 * the 4-value sums of a (the
         activations' part, which LLVM computes once for the rows sharing them).
     Every term stays within int16 before the int32 sums, so the lanes are the exact ones."""
-    n = w8.type.count
+    zero = ir.Constant(ir.VectorType(_I8, 32), [0] * 32)
 
     def signed_lanes(w, a):
-        neg = builder.icmp_signed("<", w, ir.Constant(w.type, [0] * w.type.count))
-        return _maddubs_lanes32(builder, builder.select(neg, builder.sub(ir.Constant(w.type, [0] * w.type.count), w), w),
-                                builder.select(neg, builder.sub(ir.Constant(a.type, [0] * a.type.count), a), a))
+        neg = builder.icmp_signed("<", w, zero)
+        return _maddubs_lanes32(builder, builder.select(neg, builder.sub(zero, w), w),
+                                builder.select(neg, builder.sub(zero, a), a))
 
     if signed:
-        return _by32(builder, signed_lanes, w8, a8)
+        return ir_by32(builder, signed_lanes, w8, a8)
     if small:
-        return _by32(builder, lambda u, a: _maddubs_lanes32(builder, u, a), w8, a8)
-    centred = builder.xor(w8, ir.Constant(w8.type, [0x80] * n))  # w - 128 as int8
-    lanes = _by32(builder, signed_lanes, centred, a8)
-    ones = ir.Constant(ir.VectorType(_I8, 32), [1] * 32)
-    sums = _by32(builder, lambda a: _maddubs_lanes32(builder, ones, a), a8)
+        return ir_by32(builder, lambda u, a: _maddubs_lanes32(builder, u, a), w8, a8)
+    centred = ir_add_const(builder, w8, -128)  # w - 128 as int8
+    lanes = ir_by32(builder, signed_lanes, centred, a8)
+    sums = _sums4(builder, a8)
     return builder.add(lanes, builder.shl(sums, ir.Constant(sums.type, [7] * sums.type.count)))
 
 
@@ -272,10 +277,9 @@ def ir_lanes_offset(builder, u8, a8, offset, u_max=255):
         return ir_lanes(builder, u8, a8, u_max)
     if not _has_vnni(n):
         if HAS_AVX2 and u_max <= 128:
-            ones = ir.Constant(ir.VectorType(_I8, 32), [1] * 32)
-            sums = _by32(builder, lambda a: _maddubs_lanes32(builder, ones, a), a8)
-            lanes = _by32(builder, lambda u, a: _maddubs_lanes32(builder, u, a), u8, a8)
-            return builder.sub(lanes, builder.mul(sums, ir.Constant(sums.type, [offset] * sums.type.count)))
+            sums = _sums4(builder, a8)
+            return builder.sub(ir_lanes_avx2(builder, u8, a8, False, small=True),
+                               builder.mul(sums, ir.Constant(sums.type, [offset] * sums.type.count)))
         return ir_lanes_novnni(builder, ir_add_const(builder, u8, -offset), a8, True)
     zero = ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4))
     bias = ir_vpdpbusd(builder, zero, ir.Constant(ir.VectorType(_I8, n), [offset & 0xFF] * n), a8)
