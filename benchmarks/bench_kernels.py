@@ -1,6 +1,7 @@
 """Kernel throughput: matvec GB/s of weight bytes and matmul(N=64) GFLOP/s, per weight format,
 on the matrix shapes of the real models, next to this machine's memory read bandwidth and its
-int8 dot peak (vpdpbusd throughput, measured; the last column is the matmul's share of it).
+int8 dot peak (measured: vpdpbusd with AVX512-VNNI, else AVX2's vpmaddubsw + vpmaddwd; the last
+column is the matmul's share of it).
 
     python benchmarks/bench_kernels.py                 # all formats, default shapes
     python benchmarks/bench_kernels.py --formats Q4_0,Q4_K --threads 1
@@ -87,9 +88,9 @@ def main():
     del buf
     peak = int8_dot_peak(nthreads, best_time)
     if peak:
-        print(f"int8 dot peak ({nthreads} threads): {peak:.0f} GOP/s (measured: vpdpbusd on 8 independent "
-              "zmm accumulators, 64 multiply-adds = 128 ops each, register operands; what a matmul could "
-              "reach if it did nothing but its integer dots)")
+        peak, what = peak
+        print(f"int8 dot peak ({nthreads} threads): {peak:.0f} GOP/s (measured: {what}, register "
+              "operands; what a matmul could reach if it did nothing but its integer dots)")
 
     rng = np.random.default_rng(0)
     avail = set(supported_types())
@@ -184,43 +185,76 @@ def main():
 
 
 def int8_dot_peak(nthreads, best_time):
-    """GOP/s of vpdpbusd (u8 x s8 dot, 4 products summed into each of 16 int32 lanes) on this CPU:
-    8 independent zmm accumulators so that the instruction's throughput, not its latency, limits;
-    operands in registers. None without AVX512-VNNI. 1 op = one multiply or one add."""
-    import numba
+    """(GOP/s, what was measured) of this CPU's int8 dot, the instruction sequence our kernels'
+    integer lanes use, or None on a host with neither form:
+      * AVX512-VNNI: vpdpbusd (u8 x s8, 4 products summed into each of 16 int32 lanes);
+      * AVX2: vpmaddubsw + vpmaddwd with ones + vpaddd (ggml's AVX2 dot: 32 u8 x s8 products
+        summed into 8 int32 lanes, then accumulated).
+    8 independent accumulators so that throughput, not latency, limits; one operand differs per
+    accumulator and step for AVX2 (a vpxor with the step number: without it the compiler computes
+    one product for all of them, once), the other in a register. 1 op = one multiply or one add."""
+    from synapse_nb.kernels.simd import HAS_AVX2, HAS_VNNI512
+    if HAS_VNNI512:
+        return _dot_peak(nthreads, best_time, "vnni"), ("vpdpbusd on 8 independent zmm accumulators, "
+                                                        "64 multiply-adds = 128 ops each")
+    if HAS_AVX2:
+        return _dot_peak(nthreads, best_time, "avx2"), ("vpmaddubsw + vpmaddwd + vpaddd (+ a vpxor) on 8 independent "
+                                                        "ymm accumulators, 32 multiply-adds = 64 ops each")
+    return None
+
+
+def _dot_peak(nthreads, best_time, kind):
+    """GOP/s of int8_dot_peak's loop of the given kind ("vnni" or "avx2") on nthreads threads."""
     import numpy as np
     from llvmlite import ir
     from numba import njit, prange, types
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from synapse_nb.kernels.simd import HAS_VNNI512
-    if not HAS_VNNI512:
-        return None
-    v16 = ir.VectorType(ir.IntType(32), 16)
+    from synapse_nb.kernels.simd import ir_splat
+
+    i8, i16, i32, i64 = (ir.IntType(b) for b in (8, 16, 32, 64))
+    lanes = 16 if kind == "vnni" else 8
+    vacc = ir.VectorType(i32, lanes)
 
     @intrinsic
-    def dp8(typingctx, acc, n):
+    def dot8(typingctx, acc, n):
         def codegen(context, builder, sig, args):
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
-                                                "llvm.x86.avx512.vpdpbusd.512")
-            i64 = ir.IntType(64)
-            ptr = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, v16.as_pointer())
+            if kind == "vnni":
+                dp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vacc, [vacc] * 3),
+                                                    "llvm.x86.avx512.vpdpbusd.512")
+            else:
+                v32i8, v16i16 = ir.VectorType(i8, 32), ir.VectorType(i16, 16)
+                mub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i16, [v32i8] * 2),
+                                                     "llvm.x86.avx2.pmadd.ub.sw")
+                mwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vacc, [v16i16] * 2),
+                                                     "llvm.x86.avx2.pmadd.wd")
+                ones = ir.Constant(v16i16, [1] * 16)
+            ptr = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, vacc.as_pointer())
             slots = [builder.gep(ptr, [ir.Constant(i64, i)]) for i in range(10)]
             init = [builder.load(p, align=4) for p in slots]
             pre = builder.block
-            loop = builder.append_basic_block("dp8.loop")
-            done = builder.append_basic_block("dp8.done")
+            loop = builder.append_basic_block("dot8.loop")
+            done = builder.append_basic_block("dot8.done")
             builder.branch(loop)
             builder.position_at_end(loop)
             k = builder.phi(i64)
             k.add_incoming(ir.Constant(i64, 0), pre)
             phis = []
             for i in range(8):  # 8 independent chains; init[8], init[9] are the operands
-                ph = builder.phi(v16)
+                ph = builder.phi(vacc)
                 ph.add_incoming(init[i], pre)
                 phis.append(ph)
-            nxt = [builder.call(fn, [ph, init[8], init[9]]) for ph in phis]
+            if kind == "vnni":
+                nxt = [builder.call(dp, [ph, init[8], init[9]]) for ph in phis]
+            else:
+                x, y = (builder.bitcast(v, v32i8) for v in init[8:10])
+                kv = builder.bitcast(ir_splat(builder, k, 4), v32i8)
+                nxt = []
+                for ph in phis:
+                    x = builder.add(x, y)  # (out of the loop: each chain its own operand)
+                    xk = builder.xor(x, kv)  # (one vpxor: a product of the step, not of the loop)
+                    nxt.append(builder.add(ph, builder.call(mwd, [builder.call(mub, [xk, y]), ones])))
             k1 = builder.add(k, ir.Constant(i64, 1))
             k.add_incoming(k1, loop)
             for ph, v in zip(phis, nxt):
@@ -235,14 +269,13 @@ def int8_dot_peak(nthreads, best_time):
     @njit(parallel=True, cache=False)
     def run(accs, n):
         for t in prange(accs.shape[0]):
-            dp8(accs[t], n)
+            dot8(accs[t], n)
 
     reps = 200_000
-    accs = np.ones((nthreads, 10 * 16), np.int32)
+    accs = np.ones((nthreads, 10 * lanes), np.int32)
     run(accs, 10)
     t = best_time(lambda: run(accs, reps), 3)
-    return nthreads * reps * 8 * 64 * 2 / t / 1e9
-
+    return nthreads * reps * 8 * lanes * 4 * 2 / t / 1e9
 
 if __name__ == "__main__":
     main()

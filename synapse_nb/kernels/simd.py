@@ -132,6 +132,8 @@ def ir_splat(builder, val, n):
 
 def ir_nibbles32(builder, qs_ptr):
     """16 bytes at qs_ptr -> <32 x i8>: low nibbles (values 0..15) then high nibbles (16..31)."""
+    if HAS_AVX2 and not HAS_VNNI512:
+        return _nibbles_by_halves(builder, qs_ptr)
     v = ir_load(builder, qs_ptr, 16)
     lo = builder.and_(v, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
     hi = builder.lshr(v, ir.Constant(ir.VectorType(_I8, 16), [4] * 16))
@@ -354,12 +356,29 @@ def ir_nibbles64(builder, p0, p1):
     """16 bytes at p0 and at p1 -> <64 x i8>: ir_nibbles32(p0) then ir_nibbles32(p1), with one
     and / one shift over both rows' bytes."""
     i8x32 = ir.VectorType(_I8, 32)
+    if HAS_AVX2 and not HAS_VNNI512:
+        lo, hi = _nibbles_by_halves(builder, p0), _nibbles_by_halves(builder, p1)
+        return ir_shuffle(builder, lo, hi, range(64))
     v = builder.shuffle_vector(ir_load(builder, p0, 16), ir_load(builder, p1, 16),
                                ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
     lo = builder.and_(v, ir.Constant(i8x32, [15] * 32))
     hi = builder.lshr(v, ir.Constant(i8x32, [4] * 32))
     order = list(range(0, 16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
+
+
+def _nibbles_by_halves(builder, p):
+    """ir_nibbles32(p) for AVX2 without AVX-512: the 16 bytes loaded into both 128-bit halves
+    (vbroadcasti128), the upper half's dwords shifted right by 4 (one vpsrlvd), then one and: the
+    low nibbles in the lower half, the high ones in the upper, without the lane-crossing
+    shuffles (vinserti128, vperm2i128) of the and / shift / concatenate form. The four-row matvec
+    (AVX2 host, Zen 3, 1 thread, rows of 896 in L3, GB/s): Q4_0 11.8 -> 14.1, Q4_1 12.1 -> 15.2,
+    Q5_0 9.6 -> 10.3."""
+    v = ir_load(builder, p, 16)
+    both = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
+    i32x8 = ir.VectorType(_I32, 8)
+    sh = builder.lshr(builder.bitcast(both, i32x8), ir.Constant(i32x8, [0] * 4 + [4] * 4))
+    return builder.and_(builder.bitcast(sh, ir.VectorType(_I8, 32)), ir.Constant(ir.VectorType(_I8, 32), [15] * 32))
 
 
 def ir_high_bits64(builder, p0, p1):
