@@ -15,6 +15,7 @@ Markers (registered in pyproject.toml; select with -m, e.g. `python3 -m pytest -
 """
 
 import functools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,18 @@ def use_threads(n: int) -> None:
 
     _need_threads(n)
     numba.set_num_threads(n)
+
+
+def pytest_configure(config):
+    # A suite started as a background job of a non-interactive shell (`pytest &` in a script)
+    # inherits SIGINT ignored (POSIX), and so does every process it starts: Python installs no
+    # KeyboardInterrupt handler in them, and the tests that press Ctrl-C in a child (test_cli,
+    # test_chat) wait for an exit that never comes (seen 2026-12-05: both failed in such a run,
+    # with SigIgn's SIGINT bit set in pytest's /proc status). They are about a terminal's Ctrl-C,
+    # where SIGINT is not ignored: give it Python's handler back, so that the children start
+    # with it at its default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_runtest_setup(item):
