@@ -277,5 +277,6 @@ def _dot_peak(nthreads, best_time, kind):
     t = best_time(lambda: run(accs, reps), 3)
     return nthreads * reps * 8 * lanes * 4 * 2 / t / 1e9
 
+
 if __name__ == "__main__":
     main()

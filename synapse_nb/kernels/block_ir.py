@@ -157,7 +157,7 @@ def make_block4_dot(decode2, offset, d_off, with_min, a_d_off, a_q_off, block_by
                 c128 = ir.Constant(ir.VectorType(_I8, 64), [0x80] * 64)
             # (a matmul's rows_dot8 keeps the 16-lane products: with the asm statement below LLVM no
             # longer hoists its weight decoding out of the activation rows' loop: 2x slower)
-            spread = simd.HAS_AVX2 and not simd.HAS_VNNI512 and not many_rows
+            spread = simd.avx2_path() and not many_rows
             if spread:
                 d8 = _products8(builder, wf, af, pick)
             for pair, accp in ((0, p01), (1, p23)):

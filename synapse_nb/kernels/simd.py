@@ -132,7 +132,7 @@ def ir_splat(builder, val, n):
 
 def ir_nibbles32(builder, qs_ptr):
     """16 bytes at qs_ptr -> <32 x i8>: low nibbles (values 0..15) then high nibbles (16..31)."""
-    if HAS_AVX2 and not HAS_VNNI512:
+    if avx2_path():
         return _nibbles_by_halves(builder, qs_ptr)
     v = ir_load(builder, qs_ptr, 16)
     lo = builder.and_(v, ir.Constant(ir.VectorType(_I8, 16), [15] * 16))
@@ -247,6 +247,12 @@ def ir_vpdpbusd(builder, acc, u8, a8):
     return builder.call(fn, [acc, builder.bitcast(u8, i32xl), builder.bitcast(a8, i32xl)])
 
 
+def avx2_path():
+    """True when the kernels take their AVX2 forms: a host with AVX2 and without AVX512-VNNI (read
+    when a kernel compiles, as the HAS_* flags are, so that tests patching those see it)."""
+    return HAS_AVX2 and not HAS_VNNI512
+
+
 def _has_vnni(n):
     """vpdpbusd on n-byte vectors: 32 needs AVX512-VNNI + VL, 64 AVX512-VNNI + BW."""
     return HAS_VNNI256 if n == 32 else HAS_VNNI512
@@ -354,11 +360,11 @@ def ir_f32_to_f16(builder, f):
 
 def ir_nibbles64(builder, p0, p1):
     """16 bytes at p0 and at p1 -> <64 x i8>: ir_nibbles32(p0) then ir_nibbles32(p1), with one
-    and / one shift over both rows' bytes."""
+    and / one shift over both rows' bytes (on AVX2, ir_nibbles32 of each: no shuffle across
+    the halves then)."""
+    if avx2_path():
+        return ir_shuffle(builder, ir_nibbles32(builder, p0), ir_nibbles32(builder, p1), range(64))
     i8x32 = ir.VectorType(_I8, 32)
-    if HAS_AVX2 and not HAS_VNNI512:
-        lo, hi = _nibbles_by_halves(builder, p0), _nibbles_by_halves(builder, p1)
-        return ir_shuffle(builder, lo, hi, range(64))
     v = builder.shuffle_vector(ir_load(builder, p0, 16), ir_load(builder, p1, 16),
                                ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
     lo = builder.and_(v, ir.Constant(i8x32, [15] * 32))
@@ -368,7 +374,7 @@ def ir_nibbles64(builder, p0, p1):
 
 
 def _nibbles_by_halves(builder, p):
-    """ir_nibbles32(p) for AVX2 without AVX-512: the 16 bytes loaded into both 128-bit halves
+    """ir_nibbles32(p) on the AVX2 path (avx2_path): the 16 bytes loaded into both 128-bit halves
     (vbroadcasti128), the upper half's dwords shifted right by 4 (one vpsrlvd), then one and: the
     low nibbles in the lower half, the high ones in the upper, without the lane-crossing
     shuffles (vinserti128, vperm2i128) of the and / shift / concatenate form. The four-row matvec
