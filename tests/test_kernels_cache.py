@@ -39,7 +39,7 @@ for name in ("F32", "Q4_0"):
     x = np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64)
     matmul(w, x[:1].copy()); matmul(w, x); get_rows(w, [0, 3])
     k = MM.KERNELS[name]
-    for d in (k.act, k.mv, k.mm, k.deq):
+    for d in (k.act, k.mv.launch, k.mv.chunk, k.mm.launch, k.mm.chunk, k.deq):  # matmul.Chunked: launch, chunk
         s = d.stats
         stats[d.__name__] = [sum(s.cache_hits.values()), sum(s.cache_misses.values())]
 print(json.dumps(stats))
@@ -57,7 +57,7 @@ def _run(code, cache_dir, cwd=ROOT):
 def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     first = json.loads(_run(_USE_DRIVERS, tmp_path))
     assert set(first) == {"_act_f32", "_mv_f32", "_mm_f32", "_deq_f32", "_act_q8_0", "_mv_q4_0", "_mm_q4_0",
-                          "_deq_q4_0"}
+                          "_deq_q4_0", "mv_launch", "mm_launch"}
     assert all(misses > 0 for hits, misses in first.values()), first  # compiled here
     second = json.loads(_run(_USE_DRIVERS, tmp_path))
     # nothing recompiled: every signature used came from the cache written by the first process

@@ -73,7 +73,10 @@ def _weight_rows(w):
     if data.size != m * rb:
         raise SynapseError(f"tensor {name}: {data.size} bytes of data, expected {m} rows x {rb} bytes "
                            f"for {fmt.name} shape {shape}")
-    return fmt, kern, data.reshape(m, rb), m, k
+    rows = data.reshape(m, rb)
+    if rows.flags.writeable:  # the kernels' signatures take read-only rows (native.WEIGHT_ROWS), as mapped
+        rows.flags.writeable = False
+    return fmt, kern, rows, m, k
 
 
 def _check_x(name, x, k, ndim):

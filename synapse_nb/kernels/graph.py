@@ -22,6 +22,7 @@ from numba import types
 from . import attention as _attn
 from . import ops as _ops
 from .decorator import kernel
+from .matmul import MATMUL_ARGS, MATVEC_ARGS, MM_CHUNK_SIG, MV_CHUNK_SIG
 from .native import WEIGHT_ROWS, call_at, kind, native_fn, weight_rows
 
 # The matmuls of a block, in the order of the matmul table's second axis
@@ -31,13 +32,14 @@ MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # one converted activation row, the entry whose converted activations it reads (itself, or an
 # earlier entry of the same input converted to the same bytes), its vec_dot scratch size, then for
 # the batch's rows and for one row (a prefill batch's last layer after attention): the matmul
-# kernel and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
+# kernel (matmul.Chunked: its launch, mv_launch or mm_launch, with its chunk kernel in CH_N, CH_1)
+# and the converter (0: reads the other entry's conversion); FUSE (on wq's and gate's
 # entry; else 0): 3 (2) when one row's matvecs of wq, wk, wv (gate, up) are one call of wq's
 # (gate's) kernel, the weights being of one format and n_in and sharing wq's (gate's) conversion;
 # ROWS_MV: 1 when MM_N is the one-row (matvec) kernel, run on the batch's rows one after another
 # (a batch of a few rows of a format whose matvec_rows covers them: BoundWeight.uses_matvec).
-ENTRY_FIELDS = 12
-ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE, ROWS_MV = range(ENTRY_FIELDS)
+ENTRY_FIELDS = 14
+ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE, ROWS_MV, CH_N, CH_1 = range(ENTRY_FIELDS)
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns (SWIGLU: the FFN's
 # activation, the geglu kernel when the model's FFN is GEGLU):
 # ATTN_SEGS (row 0 only; 0: none): the decode rows of a several-sequence batch in one call
@@ -58,9 +60,13 @@ _KV6 = types.Array(types.uint16, 6, "C")
 # The kernels' signatures, as ``layers`` calls them (each call is checked against these types
 # when the loop compiles; every address of a table comes from native_fn with exactly these types).
 SIGNATURES = {
-    "matmul": (_F2, WEIGHT_ROWS, _U8, types.int64),  # out, rows, activations, n_scratch (n > 1 rows)
-    # one row: out1, rows1, out2, rows2, out3, rows3 (0 rows: none), activations, n_scratch
-    "matvec": (_F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _U8, types.int64),
+    # n > 1 rows: the chunk kernel's address (matmul.mm_launch), out, rows, activations, n_scratch
+    "matmul": (types.int64, *MATMUL_ARGS),
+    "mm_chunk": MM_CHUNK_SIG,  # a format's matmul chunk kernel: its range of chunks, then as matmul
+    # one row: the chunk kernel's address (matmul.mv_launch), out1, rows1, out2, rows2, out3, rows3
+    # (0 rows: none), activations, n_scratch
+    "matvec": (types.int64, *MATVEC_ARGS),
+    "mv_chunk": MV_CHUNK_SIG,  # a format's matvec chunk kernel: its range of chunks, then as matvec
     "convert": (_U8, _F2),  # activations, x
     "rms_norm": (_F2, _F2, _F1, types.float32),  # out, x, w, eps
     "rope": (_F2, _F2, types.int64, types.int64, types.int64, types.boolean),  # x, cache, heads, dim, n_rot, neox
@@ -73,6 +79,8 @@ SIGNATURES = {
     "attention_segs": (_F2, _F2, _KV6, _KV6, types.Array(types.int64, 2, "C"), types.int64, types.int64,
                        types.int64, types.float32, _F1, types.int64),
 }
+# The kind of a matmul driver's chunk kernel (matmul.Chunked)
+CHUNK_KINDS = {"matvec": "mv_chunk", "matmul": "mm_chunk"}
 KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "store_kv", "attention",
          "attention_segs")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
@@ -141,9 +149,10 @@ def _matmul(e, one, out, x, abuf):
     w = weight_rows(e[ADDR], e[M], e[RB])
     if one or n == 1 or e[ROWS_MV] != 0:
         none = weight_rows(e[ADDR], 0, e[RB])
-        call_at(_K_MV, e[MM_1] if one else e[MM_N], out, w, out[:0], none, out[:0], none, a, e[NSC])
+        call_at(_K_MV, e[MM_1] if one else e[MM_N], e[CH_1] if one else e[CH_N], out, w, out[:0], none, out[:0],
+                none, a, e[NSC])
     else:
-        call_at(_K_MM, e[MM_N], out, w, a, e[NSC])
+        call_at(_K_MM, e[MM_N], e[CH_N], out, w, a, e[NSC])
 
 
 @kernel
@@ -159,7 +168,8 @@ def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
         wc, yc = weight_rows(ec[ADDR], ec[M], ec[RB]), yc
     else:
         wc, yc = weight_rows(ea[ADDR], 0, ea[RB]), ya[:0]
-    call_at(_K_MV, ea[MM_1] if one else ea[MM_N], ya, wa, yb, wb, yc, wc, a, ea[NSC])
+    call_at(_K_MV, ea[MM_1] if one else ea[MM_N], ea[CH_1] if one else ea[CH_N], ya, wa, yb, wb, yc, wc, a,
+            ea[NSC])
 
 
 @kernel
@@ -402,11 +412,12 @@ class Tables:
                     mm = w.drivers(1 if mv else 2)[0]
                     cv = w.drivers(2 if multi and not small else 1)[1]  # small: the serial converter (same bytes)
                     t[il, j, ROWS_MV] = rows_mv
-                    t[il, j, MM_N] = self._fn(mm, "matvec" if mv else "matmul")
+                    k = "matvec" if mv else "matmul"
+                    t[il, j, MM_N], t[il, j, CH_N] = self._fn(mm.launch, k), self._fn(mm.chunk, CHUNK_KINDS[k])
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
                         mm1, cv1 = w.drivers(1)
-                        t[il, j, MM_1] = self._fn(mm1, "matvec")
+                        t[il, j, MM_1], t[il, j, CH_1] = self._fn(mm1.launch, "matvec"), self._fn(mm1.chunk, "mv_chunk")
                         t[il, j, ACT_1] = self._fn(cv1, "convert") if src == j else 0
                 for group in ((WQ, WK, WV), (WGATE, WUP)):
                     # one call when the group's weights share one kernel (format) and conversion

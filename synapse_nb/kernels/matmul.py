@@ -6,8 +6,12 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   function as an argument or as a closure variable: both miss the on-disk cache in every new
   process (the dispatcher type / pickled closure differs per process; numba issues 6264, 2956).
   So each format gets its own small drivers (``_act_<A>``, ``_mv_<T>``, ``_mm_<T>``, ``_deq_<T>``), but they are
-  written once, as the templates below: the source of each driver is generated from the template
-  with the format's row-function names and compiled with this module's file name, so Numba's
+  written once, as the templates below. The matvec and matmul ones are serial kernels of a range of
+  chunks, which one parallel launcher for every format (``mv_launch``, ``mm_launch``) calls by
+  address (kernels/native.py: an address is an int64 argument, which caches), so that a format
+  does not compile a parallel region of its own (``Chunked``). The source of each driver is
+  generated from its template with the format's row-function names and compiled with this
+  module's file name, so Numba's
   cache finds it again in a new process (its index key is the function's bytecode, the same in
   every process). The formats, and which module holds each one's row functions, come from
   synapse_nb.formats (the one table of formats); ``KERNELS`` is built from it.
@@ -48,7 +52,8 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   chunk, widest first, and the single-row functions for the rest (_row_groups). The template
   formats of legacy.py have vec_dot4 and rows_dot8, IQ4_NL, F32, F16 and BF16 vec_dot4 and
   rows_dot4, the K-quants vec_dot4, Q4_K and Q6_K rows_dot2 (AVX512-VNNI hosts).
-* Parallelism: ``prange`` over fixed chunks of ``CHUNK_ROWS`` weight rows; every output element is
+* Parallelism: fixed chunks of ``CHUNK_ROWS`` weight rows, each thread a contiguous range of them
+  (as ``prange`` splits them); every output element is
   one call of the row function, so results do not depend on the number of threads, and row n of
   ``matmul(W, X)`` is computed by exactly the calls ``matvec(W, X[n])`` makes (matvec is matmul
   with N = 1). Activation rows are converted once per call and reused by every weight row.
@@ -59,12 +64,13 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
-from numba import prange  # noqa: F401  (used by the generated drivers)
+from numba import prange, types  # prange: the launchers' and the generated drivers'
 
 from .. import formats as _F
 from ..errors import SynapseError
 from . import kquants, legacy, quant_act  # noqa: F401  (the generated drivers call into them)
-from .decorator import kernel  # noqa: F401  (the generated drivers' decorator)
+from .decorator import kernel
+from .native import WEIGHT_ROWS, call_at, kind, native_fn, thread_count
 
 CHUNK_ROWS = 16  # weight rows per parallel work item
 
@@ -97,18 +103,23 @@ _ACT1 = '@kernel\n' + """def {name}(a, x):
 # Matmul: y[n, m] = vec_dot(w[m], a[n]), every output one call of the row function (or of its
 # rows_dot / vec_dot4 twins, which make the same operations per output). Two drivers per format,
 # so that a run compiles (and loads) only the ones it calls: _mv_ for one token (N == 1: the pair
-# kernel, or vec_dot4, four weight rows at once, where the format has it; up to three weights,
-# _CHUNKS3), _mm_ for several (rows_dot, each weight block decoded once for all activation rows,
-# where it has it).
+# kernel, or vec_dot4, four weight rows at once, where the format has it; up to three weights),
+# _mm_ for several (rows_dot, each weight block decoded once for all activation rows, where it
+# has it). Each is a Chunked: the parallel region (mv_launch, mm_launch) is one kernel for every
+# format, which gives each thread one contiguous range of the weight rows' chunks of CHUNK_ROWS
+# (as a prange over the chunks is split) and calls the format's serial chunk kernel (the
+# templates below) by address, one call a thread (a call a chunk was 2-7 % slower). A parallel
+# driver per format compiled its region each time: 0.7-1.6 s more than its serial chunk kernel
+# (a first run of Qwen2.5 compiles four formats' matvecs).
 # The matmul's chunk takes the activation rows ACT_BLOCK at a time (all its weight rows against
 # one block, then the next): a block's converted rows stay in L2 for the chunk's weight rows, where
 # all 512 rows of a default batch (0.5-2.8 MB) were streamed again for every weight row. Each
 # output is the same call's operations whatever the block (the row functions' outputs do not
 # depend on the other activation rows they are given).
 ACT_BLOCK = 64
-_CHUNKS_MM = _DECORATOR + """def {name}(y_all, w, a_all, n_scratch):
+_MM_CHUNK = "@kernel\n" + """def {name}(c0, c1, y_all, w, a_all, n_scratch):
     m_rows = w.shape[0]
-    for c in prange((m_rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
+    for c in range(c0, c1):
         m0 = c * CHUNK_ROWS
         m1 = min(m_rows, m0 + CHUNK_ROWS)
         for n0 in range(0, a_all.shape[0], ACT_BLOCK):
@@ -119,21 +130,89 @@ _CHUNKS_MM = _DECORATOR + """def {name}(y_all, w, a_all, n_scratch):
 # weight and two of 0 rows): their chunks in one parallel region, each output the same call of
 # the row function as alone (a region per weight cost a launch and a wait for the slower thread
 # each: ~2 us of a 4 us wk matvec at 2 threads).
-_CHUNKS3 = _DECORATOR + """def {name}(y1, w1, y2, w2, y3, w3, a, n_scratch):
-    c1 = (w1.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
-    c2 = (w2.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
-    c3 = (w3.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
-    for c in prange(c1 + c2 + c3):
-        k = np.int64(c)
-        if k < c1:
+_MV_CHUNK = "@kernel\n" + """def {name}(c0, c1, y1, w1, y2, w2, y3, w3, a, n_scratch):
+    n1 = (w1.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    n2 = (w2.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for c in range(c0, c1):
+        k = c
+        if k < n1:
             y, w = y1, w1
-        elif k < c1 + c2:
-            y, w, k = y2, w2, k - c1
+        elif k < n1 + n2:
+            y, w, k = y2, w2, k - n1
         else:
-            y, w, k = y3, w3, k - c1 - c2
+            y, w, k = y3, w3, k - n1 - n2
         m0 = k * CHUNK_ROWS
         m1 = min(np.int64(w.shape[0]), m0 + CHUNK_ROWS)
 {rows}"""
+# A legacy format's chunk kernel is a call of the template's kernel (_mv_body_<stem>,
+# _mm_body_<stem>): LLVM then optimizes the body's code a second time, in the caller's module, as
+# it did a parallel region's, and inlines the row functions (vec_dot4, rows_dot8) that it left a
+# call of the first time (Q5_0's and Q4_1's matvecs were 3-4 % slower with the call). A K-quant's
+# are too large to be inlined either way (the parallel drivers called them too): no second pass
+# (0.4 s of compile).
+_OUTER = "@kernel\n" + """def {name}(c0, c1, {args}):
+    {body}(c0, c1, {args})
+"""
+
+# The drivers' arguments, as graph.SIGNATURES has them after the chunk kernel's address; a chunk
+# kernel takes its range of chunks c0, c1, then the same.
+_F2 = types.Array(types.float32, 2, "C")
+_U8 = types.Array(types.uint8, 2, "C")
+MATVEC_ARGS = (_F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _F2, WEIGHT_ROWS, _U8, types.int64)  # y1, w1, ..., a, n_scratch
+MATMUL_ARGS = (_F2, WEIGHT_ROWS, _U8, types.int64)  # y, w, a, n_scratch
+MV_CHUNK_SIG = (types.int64, types.int64, *MATVEC_ARGS)
+MM_CHUNK_SIG = (types.int64, types.int64, *MATMUL_ARGS)
+_K_MV_CHUNK = kind(*MV_CHUNK_SIG)
+_K_MM_CHUNK = kind(*MM_CHUNK_SIG)
+
+
+@kernel(parallel=True)
+def mv_launch(chunk, y1, w1, y2, w2, y3, w3, a, n_scratch):
+    """The matvec of up to three weights: chunk(c0, c1, y1, w1, ..., n_scratch) (the address of a
+    format's _mv_ chunk kernel; MV_CHUNK_SIG) on the threads, each its own range c0..c1-1 of the
+    chunks of CHUNK_ROWS rows of w1, w2 and w3 in turn. The outputs are the chunk kernel's,
+    whatever the thread count."""
+    n = ((w1.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS + (w2.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+         + (w3.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS)
+    nt = min(np.int64(thread_count()), n)
+    for t in prange(nt):
+        call_at(_K_MV_CHUNK, chunk, n * t // nt, n * (t + 1) // nt, y1, w1, y2, w2, y3, w3, a, n_scratch)
+
+
+@kernel(parallel=True)
+def mm_launch(chunk, y, w, a, n_scratch):
+    """The matmul y = w . a of several activation rows: chunk(c0, c1, y, w, a, n_scratch) (the
+    address of a format's _mm_ chunk kernel; MM_CHUNK_SIG) on the threads, each its own range
+    c0..c1-1 of the chunks of CHUNK_ROWS rows of w. The outputs are the chunk kernel's, whatever
+    the thread count."""
+    n = (w.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
+    nt = min(np.int64(thread_count()), n)
+    for t in prange(nt):
+        call_at(_K_MM_CHUNK, chunk, n * t // nt, n * (t + 1) // nt, y, w, a, n_scratch)
+
+
+class Chunked:
+    """A driver in two kernels: ``launch`` (mv_launch or mm_launch: the parallel region, one for
+    every format, compiled once) and ``chunk`` (the format's serial kernel of a range of chunks, of
+    the signature ``sig``: MV_CHUNK_SIG or MM_CHUNK_SIG), which launch calls by address. Called as
+    the driver (MATVEC_ARGS or MATMUL_ARGS, of exactly these types), it compiles or loads the
+    chunk kernel on its first call. The layer loop calls launch with the chunk kernel's address
+    from its tables (graph.Tables)."""
+
+    __slots__ = ("launch", "chunk", "sig", "_fn")
+
+    def __init__(self, launch, chunk, sig):
+        self.launch, self.chunk, self.sig, self._fn = launch, chunk, sig, None
+
+    def __call__(self, *args):
+        if self._fn is None:
+            self._fn = native_fn(self.chunk, *self.sig)
+        self.launch(self._fn.addr, *args)
+
+    def __repr__(self):
+        return f"<Chunked {self.chunk.__name__}>"
+
+
 _MM_PAIRS = """        scratch = np.empty(n_scratch, np.int32)
         for m in range(m0, m1):
             for n in range(a.shape[0]):
@@ -190,10 +269,10 @@ def _define(src):
 
 class Kernels(NamedTuple):
     """The drivers of one weight type: its activation type's name (vec_dot_type) and converter
-    (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matmul (mm: N > 1 rows) as (y float32
-    [N, M], w uint8 [M, row_bytes], a, n_scratch), matvec (mv: one activation row) as (y1, w1,
-    y2, w2, y3, w3, a, n_scratch), y_i = w_i . a for three weights of this type and n_in (a
-    weight of 0 rows and a y of 0 rows for none), and the row dequantizer (deq: out float32
+    (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matmul (mm: N > 1 rows, a Chunked) as (y
+    float32 [N, M], w uint8 [M, row_bytes], a, n_scratch), matvec (mv: one activation row, a Chunked) as
+    (y1, w1, y2, w2, y3, w3, a, n_scratch), y_i = w_i . a for three weights of this type and n_in
+    (a weight of 0 rows and a y of 0 rows for none), and the row dequantizer (deq: out float32
     [len(ids), K], w, ids int64)."""
 
     act_type: str
@@ -237,6 +316,16 @@ def _act_driver(fmt, template: str, prefix: str):
     return globals()[f"{prefix}{fmt.stem}"]
 
 
+def _chunk_kernel(template, prefix, stem, rows, mod, args):
+    """Define the chunk kernel <prefix><stem> from template with the chunk's rows: for a legacy
+    format, a call of <prefix>body_<stem> so defined (see _OUTER)."""
+    if mod == "kquants":
+        _define(template.format(name=f"{prefix}{stem}", rows=rows))
+    else:
+        _define(template.format(name=f"{prefix}body_{stem}", rows=rows))
+        _define(_OUTER.format(name=f"{prefix}{stem}", body=f"{prefix}body_{stem}", args=args))
+
+
 def _weight_kernels(fmt) -> Kernels:
     mod = fmt.kernels
     m_ = _MODS[mod]
@@ -253,11 +342,13 @@ def _weight_kernels(fmt) -> Kernels:
                            f"{mod}.{rows}(y, r, w[r], a)")
     else:
         many = _MM_PAIRS.format(mod=mod, dot=dot)
-    _define(_CHUNKS3.format(name=f"_mv_{fmt.stem}", rows=one))
-    _define(_CHUNKS_MM.format(name=f"_mm_{fmt.stem}", rows="".join(f"    {line}\n" for line in many.splitlines())))
+    _chunk_kernel(_MV_CHUNK, "_mv_", fmt.stem, one, mod, "y1, w1, y2, w2, y3, w3, a, n_scratch")
+    _chunk_kernel(_MM_CHUNK, "_mm_", fmt.stem, "".join(f"    {line}\n" for line in many.splitlines()), mod,
+                  "y_all, w, a_all, n_scratch")
     _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
-    return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type], globals()[f"_mv_{fmt.stem}"],
-                   globals()[f"_mm_{fmt.stem}"], globals()[f"_deq_{fmt.stem}"])
+    return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type],
+                   Chunked(mv_launch, globals()[f"_mv_{fmt.stem}"], MV_CHUNK_SIG),
+                   Chunked(mm_launch, globals()[f"_mm_{fmt.stem}"], MM_CHUNK_SIG), globals()[f"_deq_{fmt.stem}"])
 
 
 def _build_tables():

@@ -132,6 +132,23 @@ def call_at(typingctx, kind, addr, *args):
 
 
 @intrinsic
+def thread_count(typingctx):
+    """thread_count(): the calling thread's Numba thread count (numba.get_num_threads()), read as
+    Numba's parfor lowering reads it: a call of the threading layer's get_num_threads symbol,
+    resolved when the code is linked. numba.get_num_threads() in a kernel holds a ctypes pointer,
+    and Numba does not cache a kernel that does. For parallel kernels (whose load from the cache
+    starts the threading layer, which defines the symbol)."""
+    numba.get_num_threads()  # starts the threading layer (defines the symbol) before this compiles
+
+    def codegen(context, builder, signature, llargs):
+        intp = context.get_value_type(types.intp)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(intp, []), "get_num_threads")
+        return builder.call(fn, [])
+
+    return types.intp(), codegen
+
+
+@intrinsic
 def weight_rows(typingctx, addr, m, row_bytes):
     """weight_rows(addr, m, row_bytes): read-only uint8 [m, row_bytes] C array at addr, no owner."""
     if not all(isinstance(a, types.Integer) for a in (addr, m, row_bytes)):
