@@ -71,10 +71,9 @@ def warmup_steps(model: Model, s: Session, batched: bool, head: bool = False, re
     out = model.weights.output
 
     def head_kernels(n):  # Model._head of n rows: rms_norm_rows, BoundWeight.quantize and .matmul_q
-        k = "matvec" if n == 1 or out.uses_matvec(n) else "matmul"
-        mm = out.drivers(1 if k == "matvec" else n)[0]  # a matmul.Chunked
-        return [(_ops.row_kernels(n).rms_norm, "rms_norm"), (out.drivers(n)[1], "convert"), (mm.launch, k),
-                (mm.chunk, _graph.CHUNK_KINDS[k])]
+        mv = n == 1 or out.uses_matvec(n)
+        return [(_ops.row_kernels(n).rms_norm, "rms_norm"), (out.drivers(n)[1], "convert"),
+                *_graph.driver_kernels(out.drivers(1 if mv else n)[0], "matvec" if mv else "matmul")]
 
     wanted = []  # (dispatcher, kind) in the order the forwards look them up
     if batched:

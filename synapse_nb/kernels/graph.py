@@ -81,6 +81,13 @@ SIGNATURES = {
 }
 # The kind of a matmul driver's chunk kernel (matmul.Chunked)
 CHUNK_KINDS = {"matvec": "mv_chunk", "matmul": "mm_chunk"}
+
+
+def driver_kernels(driver, kind):
+    """[(dispatcher, kind)] of a matmul.Chunked driver of kind "matvec" or "matmul": its launch,
+    then its chunk kernel (the two addresses a matmul table entry holds: MM_N and CH_N)."""
+    return [(driver.launch, kind), (driver.chunk, CHUNK_KINDS[kind])]
+
 KINDS = ("matmul", "matvec", "convert", "rms_norm", "rope", "swiglu", "geglu", "store_kv", "attention",
          "attention_segs")
 # The kinds, as constants of the compiled loop (a NativeFn argument would be typed by Python code
@@ -388,6 +395,10 @@ class Tables:
             f = self._fns[dispatcher] = native_fn(dispatcher, *SIGNATURES[kind])
         return f.addr
 
+    def _fns_of(self, driver, kind):
+        """The addresses of a matmul.Chunked driver's launch and chunk kernel (driver_kernels)."""
+        return [self._fn(d, k) for d, k in driver_kernels(driver, kind)]
+
     def matmuls(self, multi, last_row, n=None):
         """int64 [n_layer, 7, ENTRY_FIELDS]: the matmul entries for a batch of several rows
         (multi) or one, with the one-row kernels filled in when last_row (a batch whose last layer
@@ -412,12 +423,11 @@ class Tables:
                     mm = w.drivers(1 if mv else 2)[0]
                     cv = w.drivers(2 if multi and not small else 1)[1]  # small: the serial converter (same bytes)
                     t[il, j, ROWS_MV] = rows_mv
-                    k = "matvec" if mv else "matmul"
-                    t[il, j, MM_N], t[il, j, CH_N] = self._fn(mm.launch, k), self._fn(mm.chunk, CHUNK_KINDS[k])
+                    t[il, j, MM_N], t[il, j, CH_N] = self._fns_of(mm, "matvec" if mv else "matmul")
                     t[il, j, ACT_N] = self._fn(cv, "convert") if src == j else 0
                     if key[1] and j >= WO:
                         mm1, cv1 = w.drivers(1)
-                        t[il, j, MM_1], t[il, j, CH_1] = self._fn(mm1.launch, "matvec"), self._fn(mm1.chunk, "mv_chunk")
+                        t[il, j, MM_1], t[il, j, CH_1] = self._fns_of(mm1, "matvec")
                         t[il, j, ACT_1] = self._fn(cv1, "convert") if src == j else 0
                 for group in ((WQ, WK, WV), (WGATE, WUP)):
                     # one call when the group's weights share one kernel (format) and conversion
