@@ -55,8 +55,9 @@ def _read_sum(a, out):
 
 def _phases(plan):
     """The decode row's three loops as separate parallel functions (q.k, softmax, p.V), with plan's
-    literals (VectorPlan: n64, qa, qb, pa, pb) as constants of their code, as vector_kernel compiles
-    them in (a literally() argument would send every call through Numba's literal dispatch)."""
+    literals (VectorPlan: n64, qa, qb, pa, pb) as constants of their code, as the plan's items
+    (attention.plan_items) have them (a literally() argument would send every call through Numba's
+    literal dispatch)."""
     n64, qa, qb, pa, pb = plan
 
     @njit(parallel=True, cache=False)

@@ -301,8 +301,8 @@ class Model:
         n = len(acts[0])
         if st.abuf is None or st.abuf.shape[1] < st.n_batch * tabs.act_row_bytes:
             st.abuf = np.empty((len(_graph.MATMULS), st.n_batch * tabs.act_row_bytes), np.uint8)
-        return (acts, (st.rope[:n], st.rope_swa[:n], st.temp[:n]), (kc, vc), (st.abuf, st.attn_ws.buf), (mt, rk),
-                tabs.vector_args, segs, self._block_args, want_logits, all_logits)
+        return (acts, (st.rope[:n], st.rope_swa[:n], st.temp[:n]), (kc, vc), (st.abuf, st.attn_ws.buf),
+                (mt, rk, tabs.items), tabs.vector_args, segs, self._block_args, want_logits, all_logits)
 
     def compile_layers(self, st: ForwardState, cache: KVCache) -> None:
         """Compile (or load from the cache) graph.layers for this model's forwards, without running

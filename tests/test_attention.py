@@ -169,13 +169,13 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
             use_threads(nt)
             for par in (False, True):  # items in order, or split over the threads
                 out = np.full_like(ref, np.nan)
-                kern = A.vector_kernel(ws.decode_plan if n == 1 else ws.plan, par, n == 1)
-                kern(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa)
+                kern = A.vector_kernel(par, n == 1)
+                kern(out, q, kc, vc, pos0, n_head, n_head_kv, scale, ws.buf, n_swa, ws.item_table(n == 1))
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (pos0, n, nt, par)
             if n == 1 and pos0 > 0:  # the decode row as the last row of a 2-row prefill batch
                 two = np.full((2, n_head * hd), np.nan, np.float32)
-                A.vector_kernel(ws.plan, True, False)(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale,
-                                               ws.buf, n_swa)
+                A.vector_kernel(True, False)(two, np.concatenate([q, q]), kc, vc, pos0 - 1, n_head, n_head_kv, scale,
+                                             ws.buf, n_swa, ws.item_table(False))
                 assert np.array_equal(two[1].view(np.uint32), ref[0].view(np.uint32)), (pos0, nt)
             out = np.full_like(ref, np.nan)
             A.attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, hd, hd, scale, ws, n_swa=n_swa)
@@ -188,7 +188,7 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
 
 @pytest.mark.parametrize("n_head,n_head_kv,hd,n_swa", [(9, 3, 64, 0), (4, 1, 256, 100), (14, 2, 64, 0)])
 def test_segments_kernel_rows_equal_each_sequence_alone(threads, n_head, n_head_kv, hd, n_swa):
-    """A ParallelSession step's decode rows in one call (segments_kernel: a parallel region over
+    """A ParallelSession step's decode rows in one call (decode_segments: a parallel region over
     the rows, each on its thread's scratch) against each row alone on its own slot, bit for bit, at
     1 and 2 threads; the segments of several rows are left alone (NaN), as graph.layers runs them
     by their own call."""
@@ -204,11 +204,11 @@ def test_segments_kernel_rows_equal_each_sequence_alone(threads, n_head, n_head_
     segs = np.array([(0, 1, 3, 0), (1, 1, 0, 130), (2, 3, 1, 50), (5, 1, 4, 300), (6, 1, 2, 64)], np.int64)
     segs = np.concatenate([segs, np.zeros((len(segs), 1), np.int64)], axis=1)
     q = rng.standard_normal((7, n_head * hd)).astype(np.float32)
-    kern = A.segments_kernel(ws.decode_plan)
+    kern = A.decode_segments
     for nt in (1, 2):
         use_threads(nt)
         out = np.full((7, n_head * hd), np.nan, np.float32)
-        kern(out, q, kc, vc, segs, layer, n_head, n_head_kv, scale, ws.buf, n_swa)
+        kern(out, q, kc, vc, segs, layer, n_head, n_head_kv, scale, ws.buf, n_swa, ws.item_table(True))
         for r0, n, slot, pos, _ in segs:
             if n != 1:
                 assert np.isnan(out[r0:r0 + n]).all()
@@ -323,7 +323,7 @@ def test_sliding_window_attends_the_window_only(threads, hd):
             for t in range(n):
                 one = np.empty((1, n_head * hd), np.float32)
                 (A._per_head_par if par else A._per_head_ser)(one, q[t:t + 1], kc, vc, pos0 + t, n_head, n_head_kv,
-                                                              scale, ws.buf, n_swa)
+                                                              scale, ws.buf, n_swa, ws.items)
                 assert np.array_equal(one[0].view(np.uint32), ref[t]), (nt, par, t)
 
 

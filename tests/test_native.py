@@ -87,6 +87,25 @@ def test_weight_rows_views_the_bytes_at_the_address():
         _write_row(data.ctypes.data)
 
 
+@njit(cache=False)
+def _views(a, n, m):
+    f = N.flat(a).copy()
+    r = N.rows(a, n, m)
+    r[n - 1, m - 1] = -1.0  # a view: the write reaches a
+    return f, r.copy()
+
+
+def test_flat_and_rows_view_a_c_array():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    f, r = _views(a, 5, 4)
+    assert np.array_equal(f, np.arange(24, dtype=np.float32))
+    want = np.arange(20, dtype=np.float32).reshape(5, 4)
+    want[4, 3] = -1.0
+    assert r.shape == (5, 4) and np.array_equal(r, want) and a.ravel()[19] == -1.0 and a.ravel()[20] == 20.0
+    with pytest.raises(ValueError, match="larger than its array"):
+        _views(a, 5, 5)
+
+
 def test_a_native_fn_type_pickles_and_is_its_signature():
     f = N.native_fn(_axpy, F1, F1, types.float32)
     t = N.NativeFnType(f.argtypes)

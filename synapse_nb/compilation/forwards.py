@@ -46,7 +46,7 @@ def compile_attention(model: Model, s: Session, kinds) -> None:
 
 def compile_segments(model: Model, s: Session) -> None:
     """Compile (or load) the attention kernel of several sequences' decode rows (a ParallelSession
-    step: attention.segments_kernel), as graph.layers calls it; nothing runs."""
+    step: attention.decode_segments), as graph.layers calls it; nothing runs."""
     model._graph_tables().rows(s.state.attn_ws, 2, 0, False, model.hparams, SERIAL_ROWS, decode_rows=True)
 
 

@@ -41,6 +41,9 @@ Two implementations compute exactly these operations:
                         each, then the lane reductions;
       prefill (N rows)  (KV head, block of rows): each block's q.k, softmaxes and p.V, blocks
                         taken in an order that balances the causal triangle;
+    the loops (vector_kernel, decode_segments) are compiled once for every head configuration and
+    call their configuration's items (plan_items: the decode q.k and p.V items, the prefill item,
+    with the query counts compiled in) by address (kernels/native.py);
   * the per-head kernel (_attend_head, any head dims), one (row, query head) per iteration.
 """
 
@@ -51,6 +54,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .decorator import kernel
+from .native import call_at, flat, kind, native_fn
 from .ops import EXPF_C1, EXPF_C2, EXPF_C3, EXPF_C4, EXPF_C5, EXPF_LN2_HI, EXPF_LN2_LO, EXPF_LOG2E
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32
 from .simd import f16_bits16, f16_round16, ir_f16_vec_to_f32, ir_f32_to_f16, ir_prefetch, ir_reduce_add_16
@@ -605,6 +609,26 @@ PV_MAX_Q4 = 6
 # K tiles per decode q.k item.
 QK_TILES = 4
 
+# The item table (int64 [N_ITEMS], the entries' last argument): the addresses of the items the
+# entries call (plan_items), at these indices; and the items' signatures (native.call_at checks
+# every call against them when an entry compiles).
+QK_ITEM, PV_ITEM, PREFILL_ITEM = range(3)
+N_ITEMS = 3
+_F1C = types.Array(types.float32, 1, "C")
+_F2C = types.Array(types.float32, 2, "C")
+_H1C = types.Array(types.uint16, 1, "C")
+_I64 = types.int64
+ITEM_SIGNATURES = {
+    # scores, K, q (flat), KV head, tiles b0..b1-1, tiles of the cache, gqa, hd_k, scores' row stride
+    "attn_qk": (_F1C, _H1C, _F1C) + (_I64,) * 7,
+    # lane accumulators, V, probabilities (flat), KV head, quarter, gqa, hd_v, nt, nctx64, m0, n_kv
+    "attn_pv": (_F1C, _H1C, _F1C) + (_I64,) * 8,
+    # out, q, K, V (flat), pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, KV head, block,
+    # rows per block, the thread's scratch qw, sc, acc (flat)
+    "attn_prefill": (_F2C, _F2C, _H1C, _H1C, _I64, _I64, _I64, types.float32) + (_I64,) * 7 + (_F1C,) * 3,
+}
+_K_QK, _K_PV, _K_PREFILL = (kind(*ITEM_SIGNATURES[k]) for k in ("attn_qk", "attn_pv", "attn_prefill"))
+
 
 @kernel
 def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, nblk, qa, qb, n64):
@@ -662,7 +686,7 @@ def _lane_steps(n, l):
     return (n - l + KT - 1) // KT if n > l else 0
 
 
-@kernel
+@kernel(inline="always")
 def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
     """Decode phase 1, item (KV head g, K tiles b0..b1-1): the scores of g's query heads there.
     sc: float32 [n_head, nctx64], qf: the F16-rounded q [n_head, hd_k], kf: K [n_head_kv, nt,
@@ -674,7 +698,7 @@ def _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, n64, qa, qb):
                   min(cs, gqa - hc), b1 - b0, qa, qb, n64)
 
 
-@kernel
+@kernel(inline="always")
 def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb):
     """Decode phase 3, item (KV head g, lane quarter): the p.V lane chains of g's query heads for
     lanes 16 quarter .. 16 quarter + 15 (one stretch of V), all channels, from step m0 (a sliding
@@ -690,33 +714,35 @@ def _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, pa, pb)
 
 
 @kernel(inline="always")
-def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
+def _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
     """One row at position pos0 (out, q: [1, ...]), in three loops over independent items (parallel
     in a parallel entry, see vector_kernel). ws: Workspace.buf; n_swa: the sliding window (0:
-    none; the work starts at its start's tile, as _attend_head's); n64, qa, qb, pa, pb: the
-    VectorPlan's literals."""
-    qd, scd, accd = _ws_decode(ws, n_head, kc, vc)
+    none; the work starts at its start's tile, as _attend_head's); items: the item table, its
+    QK_ITEM and PV_ITEM the decode plan's (plan_items)."""
     gqa = n_head // n_head_kv
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
+    nctx64 = nt * KT
     n_kv = pos0 + 1
     lo = _window_start(pos0, n_swa)
     blk0 = lo // KT
     nblk = (n_kv + KT - 1) // KT
     nqk = (nblk - blk0 + QK_TILES - 1) // QK_TILES
-    nctx64 = scd.shape[1]
-    kf, vf, qf, scf, accf, orow = kc.ravel(), vc.ravel(), qd.ravel(), scd.ravel(), accd.ravel(), out[0]
+    # Workspace.decode's arrays, flat: q [n_head, hd_k], scores [n_head, nctx64], lanes [n_head, 64, hd_v]
+    o1, o2 = n_head * hd_k, n_head * (hd_k + nctx64)
+    qf, scf, accf = ws[:o1], ws[o1:o2], ws[o2:o2 + n_head * KT * hd_v]
+    kf, vf, orow = flat(kc), flat(vc), out[0]
     q0 = q[0]
     for i in range(0, n_head * hd_k, 16):  # q rounded to F16: mul_mat converts src1 to K's vec_dot_type
         f16_round16(qf, i, q0, i)
     for it in prange(n_head_kv * nqk):
         b0 = blk0 + (it % nqk) * QK_TILES
-        _decode_qk(scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64, n64, qa, qb)
+        call_at(_K_QK, items[QK_ITEM], scf, kf, qf, it // nqk, b0, min(nblk, b0 + QK_TILES), nt, gqa, hd_k, nctx64)
     for h in prange(n_head):
         for j in range(blk0 * KT, lo):  # below the window: probability 0, as llama.cpp's -inf mask
             scf[h * nctx64 + j] = -np.inf
         _softmax(scf, h * nctx64 + blk0 * KT, n_kv - blk0 * KT, kq_scale)
     for it in prange(n_head_kv * 4):
-        _decode_pv(accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, blk0, n_kv, pa, pb)
+        call_at(_K_PV, items[PV_ITEM], accf, vf, scf, it // 4, it % 4, gqa, hd_v, nt, nctx64, blk0, n_kv)
     nl = min(KT, n_kv - blk0 * KT)  # lanes that took a step (the others are +0: not written)
     for h in range(n_head):  # the 64-lane reductions (a few hundred vector adds)
         for d in range(0, hd_v, 16):
@@ -730,16 +756,16 @@ def _row_block(j, nrb):
     return j // 2 if j % 2 == 0 else nrb - 1 - j // 2
 
 
-@kernel
+@kernel(inline="always")
 def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb,
-                  qw, sc, acc, n64, qa, qb, pa, pb):
+                  qwf, scf, accf, n64, qa, qb, pa, pb):
     """Rows t0 = b * rb .. t1 - 1 (at positions pos0 + t) and the query heads of KV head g:
     queries r = (t - t0) * gqa + hh (head g * gqa + hh). q.k of every query on each K tile up to
     the last row's position (K loaded once for up to QK_MAX_Q queries), each query's softmax,
     p.V lane chains shared by all queries up to the first row's position, each later row's own
-    last steps, the 64-lane reductions into out. Scratch (this thread's): qw [R, hd_k], sc
-    [R, nctx64], acc [R, 64, 64]. q.k and the shared p.V steps always take all R = rb * gqa
-    queries, as a full block does: a short last block's extra queries (stale scratch rows) are
+    last steps, the 64-lane reductions into out. Scratch (this thread's, flat): qwf [R, hd_k], scf
+    [R, nctx64], accf [R, 64, 64], R = rb * gqa (_ws_sizes). q.k and the shared p.V steps always
+    take all R queries, as a full block does: a short last block's extra queries (stale scratch rows) are
     computed and never read, so the query counts are the plan's (qa, qb, pa, pb) in every block.
     Each query's operations do not depend on the others it is computed with. Under a sliding
     window (n_swa > 0) everything starts at the tile of the first row's window start (the block's
@@ -747,17 +773,16 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
     _attend_head sees, and zeros before them, which add nothing."""
     n = q.shape[0]
     gqa = n_head // n_head_kv
-    R = qw.shape[0]
+    R = rb * gqa
     t0 = b * rb
     t1 = min(n, t0 + rb)
     nr = (t1 - t0) * gqa
-    nctx64 = sc.shape[1]
-    qwf, scf, accf = qw.ravel(), sc.ravel(), acc.ravel()
+    nctx64 = nt * KT
     for r in range(nr):
         t, h = t0 + r // gqa, g * gqa + r % gqa
-        qr, qt = qw[r], q[t]
+        qt = q[t]
         for i in range(0, hd_k, 16):  # (hd_k: 64, 128 or 256)
-            f16_round16(qr, i, qt, h * hd_k + i)
+            f16_round16(qwf, r * hd_k + i, qt, h * hd_k + i)
     n_min, n_max = pos0 + t0 + 1, pos0 + t1
     blk0 = _window_start(pos0 + t0, n_swa) // KT
     lo64 = blk0 * KT
@@ -768,11 +793,11 @@ def _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, 
     for r in range(nr):
         p = pos0 + t0 + r // gqa
         for j in range(lo64, _window_start(p, n_swa)):
-            sc[r, j] = -np.inf
+            scf[r * nctx64 + j] = -np.inf
         _softmax(scf, r * nctx64 + lo64, p + 1 - lo64, kq_scale)
     cs = _chunk(R, PV_MAX_Q4)
     cr = _chunk(gqa, PV_MAX_Q4)
-    ls = acc.shape[2]  # 64 channels of one lane
+    ls = 64  # channels of one lane
     nl = min(KT, n_max - lo64)  # lanes with a step for some row (the others stay +0: not written)
     for cb in range(0, hd_v, 64):
         vo = g * KT * nt * hd_v + cb
@@ -806,24 +831,13 @@ _ws_sizes_nb = kernel(inline="always")(_ws_sizes)
 
 
 @kernel(inline="always")
-def _ws_decode(ws, n_head, kc, vc):
-    """Views of Workspace.buf for a decode row: qd [n_head, hd_k], scd [n_head, nctx64], accd
-    [n_head, 64, hd_v] (one buffer, so that a call unboxes one array)."""
-    hd_k, hd_v, nctx64 = kc.shape[2], vc.shape[3], kc.shape[1] * KT
-    o1, o2 = n_head * hd_k, n_head * (hd_k + nctx64)
-    return (ws[:o1].reshape((n_head, hd_k)), ws[o1:o2].reshape((n_head, nctx64)),
-            ws[o2:o2 + n_head * KT * hd_v].reshape((n_head, KT, hd_v)))
-
-
-@kernel(inline="always")
 def _ws_thread(ws, tid, n_head, n_head_kv, kc, vc):
-    """Views of Workspace.buf for prefill thread tid: qw [R, hd_k], sc [R, nctx64], acc [R, 64, 64]."""
+    """Flat views of Workspace.buf for prefill thread tid: qw [R, hd_k], sc [R, nctx64], acc [R, 64, 64]."""
     hd_k, hd_v, nctx64 = kc.shape[2], vc.shape[3], kc.shape[1] * KT
     nd, npt, R = _ws_sizes_nb(n_head, n_head_kv, hd_k, hd_v, nctx64)
     o0 = nd + tid * npt
     o1, o2 = o0 + R * hd_k, o0 + R * (hd_k + nctx64)
-    return (ws[o0:o1].reshape((R, hd_k)), ws[o1:o2].reshape((R, nctx64)),
-            ws[o2:o0 + npt].reshape((R, KT, 64)))
+    return ws[o0:o1], ws[o1:o2], ws[o2:o0 + npt]
 
 
 @kernel(inline="always")
@@ -833,31 +847,61 @@ def _prefill_blocks(q, n_head, n_head_kv):
     return rb, (q.shape[0] + rb - 1) // rb
 
 
-@kernel(inline="always")
-def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
+@kernel(parallel=True)
+def _prefill_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
     """A prefill batch (q: N > 1 rows) as independent (KV head, row block) items over the threads,
     each on its thread's scratch (results do not depend on which thread it is); arguments as
-    _decode's."""
+    _decode's, items[PREFILL_ITEM] the plan's prefill item (plan_items)."""
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
-    kf, vf = kc.ravel(), vc.ravel()
+    kf, vf = flat(kc), flat(vc)
     for it in prange(n_head_kv * nrb):
         qw, sc, acc = _ws_thread(ws, get_thread_id(), n_head, n_head_kv, kc, vc)
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
+        call_at(_K_PREFILL, items[PREFILL_ITEM], out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k,
+                hd_v, it // nrb, _row_block(it % nrb, nrb), rb, qw, sc, acc)
 
 
-@kernel(inline="always")
-def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, n64, qa, qb, pa, pb):
+@kernel
+def _prefill_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
     """The same items in order on the calling thread (for work too small to wake the others). (No
     get_thread_id here: outside a parallel region its symbol is missing from a cached copy.)"""
     qw, sc, acc = _ws_thread(ws, 0, n_head, n_head_kv, kc, vc)
     rb, nrb = _prefill_blocks(q, n_head, n_head_kv)
     nt, hd_k, hd_v = kc.shape[1], kc.shape[2], vc.shape[3]
-    kf, vf = kc.ravel(), vc.ravel()
+    kf, vf = flat(kc), flat(vc)
     for it in range(n_head_kv * nrb):
-        _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, it // nrb,
-                      _row_block(it % nrb, nrb), rb, qw, sc, acc, n64, qa, qb, pa, pb)
+        call_at(_K_PREFILL, items[PREFILL_ITEM], out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k,
+                hd_v, it // nrb, _row_block(it % nrb, nrb), rb, qw, sc, acc)
+
+
+@kernel(parallel=True)
+def _decode_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
+    """A decode row (_decode), its three loops on all threads."""
+    _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items)
+
+
+@kernel
+def _decode_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
+    """A decode row (_decode) on the calling thread."""
+    _decode(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items)
+
+
+@kernel(parallel=True)
+def decode_segments(out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa, items):
+    """The decode rows (segments of one row) of a several-sequence batch (a ParallelSession step)
+    in one parallel region: kc, vc the slots' caches (uint16 [n_slot, n_layer, ...]), segs
+    graph.layers' segment table (rows of other lengths are skipped), il the layer, ws a
+    Workspace's buf, items its item table with the decode plan's items. Each row's _decode runs
+    on its thread's own decode scratch (the last T decode parts of the buffer, counted from its
+    end), its loops serial: a row's items and their order are those of a decode call alone, so
+    its bits are too (attention_rows on its slot)."""
+    nd = _ws_sizes_nb(n_head, n_head_kv, kc.shape[4], vc.shape[5], kc.shape[3] * KT)[0]
+    for s in prange(segs.shape[0]):
+        if segs[s, 1] == 1:
+            r0, slot = segs[s, 0], segs[s, 2]
+            o = ws.size - (get_thread_id() + 1) * nd
+            _decode(out[r0:r0 + 1], q[r0:r0 + 1], kc[slot, il], vc[slot, il], segs[s, 3], n_head, n_head_kv,
+                    kq_scale, ws[o:o + nd], n_swa, items)
 
 
 def _chunk_sizes(n, cap):
@@ -870,7 +914,7 @@ class VectorPlan(tuple):
     """(n64, qa, qb, pa, pb) of a head configuration: 64-dim steps of q.k, and the only query counts
     its q.k (qa, qb) and p.V (pa, pb) calls take, in decode (the gqa query heads of a KV head) and
     in prefill (blocks of R = rb * gqa queries, see _prefill_item); qb (pb) is 0 when there is one
-    count only. They are compiled in as literals, so each configuration compiles qk16 and pv_chain
+    count only. They are literals of the plan's items (plan_items), so each configuration compiles qk16 and pv_chain
     for its one or two counts, not all eight and six (which was half the cold compile of a run);
     a count of 0 compiles to nothing (qk16, pv_chain), so that one count is not compiled twice."""
 
@@ -890,65 +934,60 @@ class VectorPlan(tuple):
         return "n{}_q{}_{}_p{}_{}".format(*self)
 
 
-_ENTRY = """
-@kernel(parallel={parallel})
-def {name}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
-    {impl}(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
+# The items of a plan, generated with its literals (plan_items): the decode row's q.k of a KV head
+# on a few K tiles and p.V of a KV head on a quarter of the lanes, and a prefill (KV head, row
+# block) item. Called by address (kernels/native.py) from the entries above, which therefore hold
+# no plan and compile once for every head configuration, sharing the items (a direct call would
+# link each item's code into each entry, and compile it there again).
+_ITEMS = """
+@kernel
+def _dqk_{tag}(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64):
+    _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, {n64}, {qa}, {qb})
+
+
+@kernel
+def _dpv_{tag}(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv):
+    _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, {pa}, {pb})
+
+
+@kernel
+def _pitem_{tag}(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb, qwf, scf, accf):
+    _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb, qwf, scf, accf,
+                  {n64}, {qa}, {qb}, {pa}, {pb})
 """
-_ENTRIES = {}
+_PLAN_ITEMS = {}
 
 
-# Decode rows of several sequences (a ParallelSession step): one parallel region over the rows,
-# each row's _decode on its thread's own decode scratch (the last T decode parts of the buffer,
-# counted from its end), its loops serial: a row's items and their order are those of a decode
-# call alone, so its bits are too.
-_SEGS_ENTRY = """
-@kernel(parallel=True)
-def {name}(out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa):
-    nd = _ws_sizes_nb(n_head, n_head_kv, kc.shape[4], vc.shape[5], kc.shape[3] * KT)[0]
-    for s in prange(segs.shape[0]):
-        if segs[s, 1] == 1:
-            r0, slot = segs[s, 0], segs[s, 2]
-            o = ws.size - (get_thread_id() + 1) * nd
-            _decode(out[r0:r0 + 1], q[r0:r0 + 1], kc[slot, il], vc[slot, il], segs[s, 3], n_head, n_head_kv,
-                    kq_scale, ws[o:o + nd], n_swa, {n64}, {qa}, {qb}, {pa}, {pb})
-"""
-
-
-def segments_kernel(plan):
-    """The kernel running the decode rows (segments of one row) of a several-sequence batch in
-    one parallel region: (out, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws, n_swa) with
-    kc, vc the slots' caches (uint16 [n_slot, n_layer, ...]), segs graph.layers' segment table
-    (rows of other lengths are skipped), il the layer, ws a Workspace's buf for plan. Each row's
-    output is bit for bit a decode call's (attention_rows) on its slot. Generated on first use,
-    as vector_kernel's entries."""
-    return _generated((tuple(plan), "segments"), _SEGS_ENTRY, f"_decode_segs_{plan.tag}", plan)
-
-
-def _generated(key, template, name, plan, **fields):
-    """The entry of _ENTRIES under key: template's function `name` with plan's literals (and
-    fields) filled in, compiled under this file's name on the first call (so that Numba's cache
-    finds it again in a new process)."""
-    fn = _ENTRIES.get(key)
-    if fn is None:
+def plan_items(plan):
+    """plan's item kernels (q.k, p.V, prefill item: signatures ITEM_SIGNATURES), generated on
+    first use with its literals and compiled under this file's name on their first call (so that
+    Numba's cache finds them again in a new process). A run compiles the ones it calls only."""
+    fns = _PLAN_ITEMS.get(tuple(plan))
+    if fns is None:
         n64, qa, qb, pa, pb = plan
-        src = template.format(name=name, n64=n64, qa=qa, qb=qb, pa=pa, pb=pb, **fields)
-        exec(compile(src, __file__, "exec"), globals())
-        fn = _ENTRIES[key] = globals()[name]
-    return fn
+        exec(compile(_ITEMS.format(tag=plan.tag, n64=n64, qa=qa, qb=qb, pa=pa, pb=pb), __file__, "exec"), globals())
+        fns = _PLAN_ITEMS[tuple(plan)] = tuple(globals()[f"_{p}_{plan.tag}"] for p in ("dqk", "dpv", "pitem"))
+    return fns
 
 
-def vector_kernel(plan, parallel, decode):
+def item_kernels(ws, decode):
+    """[(index in the item table, dispatcher, kind in ITEM_SIGNATURES)]: the items the vector
+    kernel of a decode row (decode: the decode plan's q.k and p.V) or of a prefill batch (the
+    plan's prefill item) calls; none for the per-head kernel (a Workspace without a plan)."""
+    if ws.plan is None:
+        return []
+    qk, pv, item = plan_items(ws.decode_plan if decode else ws.plan)
+    return [(QK_ITEM, qk, "attn_qk"), (PV_ITEM, pv, "attn_pv")] if decode else [(PREFILL_ITEM, item, "attn_prefill")]
+
+
+def vector_kernel(parallel, decode):
     """The vector kernel for a decode row (decode: q has 1 row) or a prefill batch (N > 1 rows),
-    its loops on all threads if parallel, with plan's literals compiled in: a function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa) over arrays attention_rows has checked, ws a
-    Workspace's buf for plan. Generated on first use, as a small cached entry into which _decode
-    or _prefill_par / _prefill_ser is inlined, so that a run compiles (or loads) the one or two of
-    the four it uses, each for its model's query counts only."""
-    impl = "_decode" if decode else ("_prefill_par" if parallel else "_prefill_ser")
-    name = f"_{'decode' if decode else 'prefill'}_{'par' if parallel else 'ser'}_{plan.tag}"
-    return _generated((tuple(plan), bool(parallel), bool(decode)), _ENTRY, name, plan, impl=impl,
-                      parallel=bool(parallel))
+    its loops on all threads if parallel: a function (out, q, kc, vc, pos0, n_head, n_head_kv,
+    kq_scale, ws, n_swa, items) over arrays attention_rows has checked, ws a Workspace's buf and
+    items its item_table(decode)."""
+    if decode:
+        return _decode_par if parallel else _decode_ser
+    return _prefill_par if parallel else _prefill_ser
 
 
 def vector_kernels_apply(head_dim_k, head_dim_v):
@@ -959,7 +998,7 @@ def vector_kernels_apply(head_dim_k, head_dim_v):
 class Workspace:
     """Scratch of the vector kernels for n_ctx positions (ForwardState holds one, so nothing is
     allocated per call): one float32 buffer, buf, holding a decode row's arrays and, per Numba
-    thread, a prefill item's and a decode row's (_ws_sizes; segments_kernel's rows); a few hundred
+    thread, a prefill item's and a decode row's (_ws_sizes; decode_segments' rows); a few hundred
     KiB for the models we run. decode and prefill(tid) are views of buf, for tests and benchmarks."""
 
     def __init__(self, n_ctx, n_head, n_head_kv, head_dim_k, head_dim_v):
@@ -977,9 +1016,21 @@ class Workspace:
         # larger count would be compiled into them and never run)
         self.decode_plan = VectorPlan(gqa, gqa, n64) if vector else None
         self.parallel_override = {}  # decode (bool) -> parallel (bool): set by a warm-up only
-        # a decode part, a prefill part per thread, and a decode part per thread (segments_kernel;
+        self.items = np.zeros(N_ITEMS, np.int64)  # attention_rows' item table (item_table)
+        self._item_fns = {}  # dispatcher -> its NativeFn
+        # a decode part, a prefill part per thread, and a decode part per thread (decode_segments;
         # zero pages, committed only when a several-sequence step writes them)
         self.buf = np.zeros(nd + T * npt + T * nd, np.float32)
+
+    def item_table(self, decode):
+        """int64 [N_ITEMS]: the item table for the vector kernel of a decode row (decode) or of a
+        prefill batch, its items (item_kernels) compiled or loaded now."""
+        for i, d, k in item_kernels(self, decode):
+            f = self._item_fns.get(d)
+            if f is None:
+                f = self._item_fns[d] = native_fn(d, *ITEM_SIGNATURES[k])
+            self.items[i] = f.addr
+        return self.items
 
     @property
     def decode(self):
@@ -1027,14 +1078,16 @@ def attention_rows(out, q, kc, vc, pos0, n_head, n_head_kv, head_dim_k, head_dim
     """
     if ws is None:
         ws = Workspace(kc.shape[1] * KT, n_head, n_head_kv, head_dim_k, head_dim_v)
-    kernel_for(ws, q.shape[0], pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
-                                                                    np.float32(kq_scale), ws.buf, n_swa)
+    n = q.shape[0]
+    kernel_for(ws, n, pos0, n_head, head_dim_k, head_dim_v)(out, q, kc, vc, pos0, n_head, n_head_kv,
+                                                           np.float32(kq_scale), ws.buf, n_swa, ws.item_table(n == 1))
 
 
 def kernel_for(ws, n, pos0, n_head, head_dim_k, head_dim_v):
     """The attention kernel attention_rows runs for n query rows at positions pos0..: on all
     threads when the Workspace's warm-up override or uses_parallel says so. A function (out, q, kc,
-    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf, n_swa) over arrays attention_rows has checked."""
+    vc, pos0, n_head, n_head_kv, kq_scale, ws.buf, n_swa, items) over arrays attention_rows has
+    checked, items ws.item_table(n == 1)."""
     par = ws.parallel_override.get(n == 1)
     if par is None:
         par = uses_parallel(n, pos0, n_head, head_dim_k, head_dim_v)
@@ -1046,18 +1099,18 @@ def _entry(ws, par, decode):
     plan, else the per-head kernel; on all threads (par) or the calling one."""
     if ws.plan is None:
         return _per_head_par if par else _per_head_ser
-    return vector_kernel(ws.decode_plan if decode else ws.plan, par, decode)
+    return vector_kernel(par, decode)
 
 
 @kernel
-def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
-    """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes)."""
+def _per_head_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
+    """_attention_ser with the vector kernels' arguments (head dims from the cache's shapes; no items)."""
     _attention_ser(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
 @kernel
-def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa):
-    """_attention_par with the vector kernels' arguments (head dims from the cache's shapes)."""
+def _per_head_par(out, q, kc, vc, pos0, n_head, n_head_kv, kq_scale, ws, n_swa, items):
+    """_attention_par with the vector kernels' arguments (head dims from the cache's shapes; no items)."""
     _attention_par(out, q, kc, vc, pos0, n_head, n_head_kv, kc.shape[2], vc.shape[3], kq_scale, n_swa)
 
 
@@ -1069,4 +1122,5 @@ def compile_kernels(kc, vc, n_head, n_head_kv, head_dim_k, head_dim_v, kq_scale,
         n = 1 if decode else 2
         out = np.empty((n, n_head * head_dim_v), np.float32)
         q = np.zeros((n, n_head * head_dim_k), np.float32)
-        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf, 0)
+        _entry(ws, par, decode)(out, q, kc, vc, 2 - n, n_head, n_head_kv, np.float32(kq_scale), ws.buf, 0,
+                                ws.item_table(decode))

@@ -23,7 +23,7 @@ from . import attention as _attn
 from . import ops as _ops
 from .decorator import kernel
 from .matmul import MATMUL_ARGS, MATVEC_ARGS, MM_CHUNK_SIG, MV_CHUNK_SIG
-from .native import WEIGHT_ROWS, call_at, kind, native_fn, weight_rows
+from .native import WEIGHT_ROWS, call_at, kind, native_fn, rows, weight_rows
 
 # The matmuls of a block, in the order of the matmul table's second axis
 WQ, WK, WV, WO, WGATE, WUP, WDOWN = range(7)
@@ -43,7 +43,7 @@ ADDR, M, RB, ARB, SRC, NSC, MM_N, ACT_N, MM_1, ACT_1, FUSE, ROWS_MV, CH_N, CH_1 
 # The row-kernel table: [0] for the batch's rows, [1] for one row; columns (SWIGLU: the FFN's
 # activation, the geglu kernel when the model's FFN is GEGLU):
 # ATTN_SEGS (row 0 only; 0: none): the decode rows of a several-sequence batch in one call
-# (attention.segments_kernel), the other segments then one call each.
+# (attention.decode_segments), the other segments then one call each.
 ROW_KERNELS = 6
 RMS, ROPE, SWIGLU, STORE, ATTN, ATTN_SEGS = range(ROW_KERNELS)
 # The segment table: one row per sequence of a batch (its rows are consecutive): the first row, the
@@ -57,6 +57,7 @@ _F2 = types.Array(types.float32, 2, "C")
 _U8 = types.Array(types.uint8, 2, "C")
 _KV = types.Array(types.uint16, 4, "C")
 _KV6 = types.Array(types.uint16, 6, "C")
+_I1 = types.Array(types.int64, 1, "C")
 # The kernels' signatures, as ``layers`` calls them (each call is checked against these types
 # when the loop compiles; every address of a table comes from native_fn with exactly these types).
 SIGNATURES = {
@@ -73,11 +74,15 @@ SIGNATURES = {
     "swiglu": (_F2, _F2, _F2),  # out, gate, up
     "geglu": (_F2, _F2, _F2, _F1),  # out, gate, up, GELU table (ops.gelu_table)
     "store_kv": (_KV, _KV, _F2, _F2, types.int64),  # k_cache, v_cache, k, v, pos0
-    # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace, sliding window (0: none)
-    "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1, types.int64),
-    # out, q, k_caches, v_caches (all slots), segments, layer, n_head, n_head_kv, kq_scale, workspace, window
+    # out, q, k_cache, v_cache, pos0, n_head, n_head_kv, kq_scale, workspace, sliding window (0: none),
+    # the attention items' table (Tables.items)
+    "attention": (_F2, _F2, _KV, _KV, types.int64, types.int64, types.int64, types.float32, _F1, types.int64, _I1),
+    # out, q, k_caches, v_caches (all slots), segments, layer, n_head, n_head_kv, kq_scale, workspace, window,
+    # items
     "attention_segs": (_F2, _F2, _KV6, _KV6, types.Array(types.int64, 2, "C"), types.int64, types.int64,
-                       types.int64, types.float32, _F1, types.int64),
+                       types.int64, types.float32, _F1, types.int64, _I1),
+    # the attention kernels' items, which they call by address (attention.plan_items)
+    **_attn.ITEM_SIGNATURES,
 }
 # The kind of a matmul driver's chunk kernel (matmul.Chunked)
 CHUNK_KINDS = {"matvec": "mv_chunk", "matmul": "mm_chunk"}
@@ -149,7 +154,7 @@ def _matmul(e, one, out, x, abuf):
     """out[n] = W . x[n] for matmul table entry e (int64 [ENTRY_FIELDS]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
     n = x.shape[0]
-    a = abuf[e[SRC], :n * e[ARB]].reshape((n, e[ARB]))
+    a = rows(abuf[e[SRC]], n, e[ARB])
     cv = e[ACT_1] if one else e[ACT_N]
     if cv != 0:
         call_at(_K_CV, cv, a, x)
@@ -166,7 +171,7 @@ def _matmul(e, one, out, x, abuf):
 def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
     """ya, yb (and yc when n_w is 3) = W . x for one row x and the entries ea, eb, ec fused into
     one call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
-    a = abuf[ea[SRC], :ea[ARB]].reshape((1, ea[ARB]))
+    a = rows(abuf[ea[SRC]], 1, ea[ARB])
     cv = ea[ACT_1] if one else ea[ACT_N]
     if cv != 0:
         call_at(_K_CV, cv, a, x)
@@ -207,7 +212,7 @@ def _scale_all(y, s):
 def _head_norms(rms, y, n_heads, head_dim, w, eps):
     """RMS norm of every head of y (float32 [n, n_heads * head_dim]) in place, weight w
     [head_dim]: ggml_rms_norm over ne0 = head_dim of the [head_dim, n_heads, n] view, then the MUL."""
-    yh = y.reshape((y.shape[0] * n_heads, head_dim))
+    yh = rows(y, y.shape[0] * n_heads, head_dim)
     call_at(_K_RMS, rms, yh, yh, w, eps)
 
 
@@ -235,9 +240,9 @@ def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, 
     temperature [n, 1] (read when blk.attn_temp). cache: (kc, vc), uint16 [n_slot, n_layer, ...],
     the KV caches of the slots (each one session.KVCache's 5-D arrays). scratch: (abuf, ws): uint8
     [7, >= n * act_row_bytes], the converted activations, and the attention Workspace's buffer.
-    kernels: (mt, rk) (Tables): int64 [n_layer, 7, ENTRY_FIELDS] matmul entries and int64
-    [2, ROW_KERNELS] row kernels. vecs: tuple(LayerVectors); blk: tuple(Block), the recipe (which
-    steps run).
+    kernels: (mt, rk, items) (Tables): int64 [n_layer, 7, ENTRY_FIELDS] matmul entries, int64
+    [2, ROW_KERNELS] row kernels and the attention kernels' item table. vecs: tuple(LayerVectors);
+    blk: tuple(Block), the recipe (which steps run).
 
     Stops after the last layer's K/V are stored when not want_logits; with one segment,
     all_logits false and n > 1, the last layer after its K/V goes on with the last row only
@@ -248,7 +253,7 @@ def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, 
     rope, rope_swa, temp = inputs
     kc, vc = cache
     abuf, ws = scratch
-    mt, rk = kernels
+    mt, rk, items = kernels
     (n_head, n_head_kv, head_dim_k, n_rot, neox, eps, kq_scale, q_scale, attn_temp, has_bias_qkv, has_bias_o,
      has_qk_norm, has_post_norms, geglu) = blk  # Block's fields, in order
     norms, qk_norms, post_norms, bias_q, bias_k, bias_v, bias_o, swa, gelu_table = vecs  # LayerVectors' fields
@@ -303,18 +308,18 @@ def layers(acts, inputs, cache, scratch, kernels, vecs, segs, blk, want_logits, 
         if one:
             slot, pos_q = segs[0, SEG_SLOT], segs[0, SEG_POS] + n - 1
             call_at(_K_ATTN, rk[1, ATTN], attn, q, kc[slot, il], vc[slot, il], pos_q, n_head, n_head_kv, kq_scale, ws,
-                    swa[il])
+                    swa[il], items)
         else:
             together = rk[0, ATTN_SEGS] != 0  # the decode rows in one parallel call
             if together:
                 call_at(_K_ATTN_SEGS, rk[0, ATTN_SEGS], attn, q, kc, vc, segs, il, n_head, n_head_kv, kq_scale, ws,
-                        swa[il])
+                        swa[il], items)
             for s in range(n_seg):
                 r0, m, slot = segs[s, SEG_ROW0], segs[s, SEG_N], segs[s, SEG_SLOT]
                 if together and m == 1:
                     continue
                 call_at(_K_ATTN, segs[s, SEG_ATTN], attn[r0:r0 + m], q[r0:r0 + m], kc[slot, il], vc[slot, il],
-                        segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws, swa[il])
+                        segs[s, SEG_POS], n_head, n_head_kv, kq_scale, ws, swa[il], items)
         # Output projection (+ bias)
         _matmul(e[WO], one, o, attn, abuf)
         if has_bias_o:
@@ -386,6 +391,9 @@ class Tables:
         self.act_row_bytes = max(getattr(L, w).act_row_bytes for L in layer_weights for w in MATMULS)
         self._mt = {}  # (multi, last_row) -> int64 [n_layer, 7, ENTRY_FIELDS]
         self._fns = {}  # dispatcher -> its NativeFn of its kind's signature
+        # the attention kernels' item table (layers' last kernel table): int64 [attention.N_ITEMS],
+        # the addresses of the items of the attention kernels looked up so far (attention)
+        self.items = np.zeros(_attn.N_ITEMS, np.int64)
 
     def _fn(self, dispatcher, kind):
         if self._lookup is not None:
@@ -445,7 +453,8 @@ class Tables:
         sequences, two or more of them one row each) and the vector kernels, ATTN_SEGS."""
         t = np.zeros((2, ROW_KERNELS), np.int64)
         if decode_rows and ws.plan is not None:
-            t[0, ATTN_SEGS] = self._fn(_attn.segments_kernel(ws.decode_plan), "attention_segs")
+            t[0, ATTN_SEGS] = self._fn(_attn.decode_segments, "attention_segs")
+            self._items(ws, True)
         variants = [(n, n_past)] + ([(1, n_past + n - 1)] if last_row and n > 1 else [])
         for r, (m, pos) in enumerate(variants):
             rows = _ops.row_kernels(m, serial_upto)
@@ -459,5 +468,12 @@ class Tables:
 
     def attention(self, ws, n, pos0, hp):
         """The address of the attention kernel for n query rows at positions pos0.. (as
-        attention_rows chooses it: attention.kernel_for)."""
+        attention_rows chooses it: attention.kernel_for), its items entered in the item table."""
+        self._items(ws, n == 1)
         return self._fn(_attn.kernel_for(ws, n, pos0, hp.n_head, hp.head_dim_k, hp.head_dim_v), "attention")
+
+    def _items(self, ws, decode):
+        """Enter the items of ws's vector kernel for a decode row (decode) or a prefill batch
+        (attention.item_kernels) in the item table, items."""
+        for i, d, k in _attn.item_kernels(ws, decode):
+            self.items[i] = self._fn(d, k)

@@ -22,6 +22,7 @@ Pieces:
     An exception raised by the callee propagates to the caller as from a direct call.
   * ``weight_rows(addr, m, row_bytes)`` (intrinsic): a read-only uint8 [m, row_bytes] view of
     memory the caller keeps alive (a weight's memory-mapped bytes), with no owner.
+  * ``flat(a)``, ``rows(a, n, m)`` (intrinsics): 1-D and [n, m] views of a C-contiguous array.
 """
 
 import numba
@@ -146,6 +147,60 @@ def thread_count(typingctx):
         return builder.call(fn, [])
 
     return types.intp(), codegen
+
+
+def _view_codegen(a, rt, dims):
+    """The codegen of a C view rt of the C array a (its first prod(dims) elements, dims(builder,
+    llargs) -> the view's shape as intp values), sharing a's memory and owner; ValueError when a
+    holds fewer elements."""
+
+    def codegen(context, builder, signature, llargs):
+        from numba.core.imputils import impl_ret_borrowed
+        from numba.np.arrayobj import make_array, populate_array
+
+        src = make_array(a)(context, builder, llargs[0])
+        dst = make_array(rt)(context, builder)
+        shape = dims(context, builder, signature, llargs, src)
+        total = shape[0]
+        for d in shape[1:]:
+            total = builder.mul(total, d)
+        with cgutils.if_unlikely(builder, builder.icmp_unsigned(">", total, src.nitems)):
+            context.call_conv.return_user_exc(builder, ValueError, ("view larger than its array",))
+        strides, step = [], src.itemsize
+        for d in reversed(shape):
+            strides.insert(0, step)
+            step = builder.mul(step, d)
+        populate_array(dst, data=src.data, shape=cgutils.pack_array(builder, shape),
+                       strides=cgutils.pack_array(builder, strides), itemsize=src.itemsize,
+                       meminfo=src.meminfo, parent=src.parent)
+        return impl_ret_borrowed(context, builder, rt, dst._getvalue())
+
+    return codegen
+
+
+@intrinsic
+def flat(typingctx, a):
+    """flat(a): the 1-D view of a C-contiguous array a (a.ravel()). Here, and in rows, without
+    Numba's reshape, whose shape check each new process compiles anew (0.1-0.2 s per tuple
+    length: most of a first run's compile of the decode attention, before it took flat)."""
+    if not isinstance(a, types.Array) or a.layout != "C":
+        return None
+    rt = a.copy(ndim=1, layout="C")
+    return rt(a), _view_codegen(a, rt, lambda context, builder, sig, llargs, src: [src.nitems])
+
+
+@intrinsic
+def rows(typingctx, a, n, m):
+    """rows(a, n, m): the C [n, m] view of the first n * m elements of a C-contiguous array a
+    (a.ravel()[:n * m].reshape((n, m))); ValueError when a has fewer."""
+    if not isinstance(a, types.Array) or a.layout != "C" or not all(isinstance(t, types.Integer) for t in (n, m)):
+        return None
+    rt = a.copy(ndim=2, layout="C")
+
+    def dims(context, builder, sig, llargs, src):
+        return [context.cast(builder, v, t, types.intp) for v, t in zip(llargs[1:], sig.args[1:])]
+
+    return rt(a, n, m), _view_codegen(a, rt, dims)
 
 
 @intrinsic
