@@ -90,7 +90,7 @@ def _rest_by_kind(m, s, pos, rounds):
 
     def patched(acts, inputs, cache, scratch, kernels, vecs, segs, *rest):
         label, keep = cur[0]
-        mt, rk = kernels
+        mt, rk, items = kernels
         if keep is not None:
             rk_keep, mt_keep, attn = keep
             mt, rk, segs = mt.copy(), rk.copy(), segs.copy()
@@ -107,7 +107,7 @@ def _rest_by_kind(m, s, pos, rounds):
             if not attn:
                 segs[:, G.SEG_ATTN] = noop["attention"]
         t0 = time.perf_counter()
-        real(acts, inputs, cache, scratch, (mt, rk), vecs, segs, *rest)
+        real(acts, inputs, cache, scratch, (mt, rk, items), vecs, segs, *rest)
         if label is not None:
             times[label].append(time.perf_counter() - t0)
 
