@@ -187,7 +187,7 @@ def test_vector_kernels_equal_per_head_kernel_for_every_split(threads, n_head, n
 
 
 @pytest.mark.parametrize("n_head,n_head_kv,hd,n_swa", [(9, 3, 64, 0), (4, 1, 256, 100), (14, 2, 64, 0)])
-def test_segments_kernel_rows_equal_each_sequence_alone(threads, n_head, n_head_kv, hd, n_swa):
+def test_decode_segments_rows_equal_each_sequence_alone(threads, n_head, n_head_kv, hd, n_swa):
     """A ParallelSession step's decode rows in one call (decode_segments: a parallel region over
     the rows, each on its thread's scratch) against each row alone on its own slot, bit for bit, at
     1 and 2 threads; the segments of several rows are left alone (NaN), as graph.layers runs them
