@@ -305,6 +305,26 @@ def test_warmup_reports_progress_and_leaves_no_state():
     assert s.n_past == 0
 
 
+def test_a_first_runs_prompt_is_evaluated_token_by_token_up_to_64_gib_of_weight_reads(monkeypatch):
+    """prompt_n_batch: while the batched kernels are not compiled, a prompt of 2 up to
+    max(16, 64 GiB / the bytes a forward's matmuls read) tokens is evaluated one token at a time
+    (each token reads every matmul weight once); a longer one, a one-token one, or -b 1 keep n_batch."""
+    from synapse_nb.compilation import warmup as W
+
+    m = model("tiny-llama-hd128-q4_k_m")
+    w = m.weights
+    assert W.step_bytes(m) == w.output.rows.nbytes + sum(
+        getattr(L, name).rows.nbytes for L in w.layers for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    monkeypatch.setattr(W, "batched_compiled", lambda model: False)
+    for step, limit in ((1 << 30, 64), (3 << 30, 21), (8 << 30, 16)):  # 64 GiB / step, at least 16
+        monkeypatch.setattr(W, "step_bytes", lambda model, step=step: step)
+        assert W.short_prompt(m) == limit
+        assert [W.prompt_n_batch(m, n, 512) for n in (1, 2, limit, limit + 1)] == [512, 1, 1, 512]
+        assert W.prompt_n_batch(m, 2, 1) == 1
+    monkeypatch.setattr(W, "batched_compiled", lambda model: True)
+    assert W.prompt_n_batch(m, 2, 512) == 512
+
+
 def test_warmup_of_a_run_takes_the_steps_the_run_uses():
     """warmup(n_prompt=...) runs only the steps whose kernels the run calls (the rest would load or
     compile for nothing): a 1-token prompt and no decode step is the serial forward alone."""

@@ -44,12 +44,31 @@ def run_needs(hp: HParams, n_prompt: int, n_predict: int, n_batch: int, n_ctx: i
     return batched, single, kinds
 
 
-# A prompt of at most this many tokens is evaluated one token at a time while the batched
-# forward's matmul kernels are not compiled (prompt_n_batch): the same logits and cache (a
-# sequence's bits do not depend on its batches), n_prompt single-token forwards instead of one
-# batch (SmolLM2 3 ms, Qwen2.5 12 ms a token more), and no compile of the batched kernels, 3-8 s
-# of a first run.
+# While the batched forward's matmul kernels are not compiled, a completion's prompt is evaluated
+# one token at a time (prompt_n_batch) up to SHORT_PROMPT tokens, or more as long as its
+# single-token forwards read the model's matmul weights TOKEN_BY_TOKEN_BYTES in all: the same
+# logits and cache (a sequence's bits do not depend on its batches), and no compile of the
+# batched kernels. Measured on a cold cache (2 cores; a 39-40 token prompt, -n 4; whole run, -b 1
+# against the batches): SmolLM2 9.6 s against 14.5, Qwen2.5 16.3 against 21.8, Gemma 3 15.4
+# against 23.0, for 1.4 / 8.5 / 2.8 ms a prompt token more (11-22 ms per GB a forward reads).
+# 64 GiB: up to ~710 / 175 / 270 tokens, at most ~1-1.5 s more; 16 tokens for a 4 GB model.
 SHORT_PROMPT = 16
+TOKEN_BY_TOKEN_BYTES = 64 << 30
+
+
+def step_bytes(model: Model) -> int:
+    """The bytes of the matmul weights a single-token forward reads (every layer's and the output
+    head's)."""
+    from ..kernels.graph import MATMULS
+
+    w = model.weights
+    return w.output.rows.nbytes + sum(getattr(L, name).rows.nbytes for L in w.layers for name in MATMULS)
+
+
+def short_prompt(model: Model) -> int:
+    """The most prompt tokens prompt_n_batch evaluates one at a time on a first run (see
+    TOKEN_BY_TOKEN_BYTES)."""
+    return max(SHORT_PROMPT, TOKEN_BY_TOKEN_BYTES // max(1, step_bytes(model)))
 
 
 def batched_compiled(model: Model) -> bool:
@@ -64,9 +83,9 @@ def batched_compiled(model: Model) -> bool:
 
 def prompt_n_batch(model: Model, n_prompt: int, n_batch: int) -> int:
     """The batch size to evaluate a completion's prompt of n_prompt tokens with: 1 for a short
-    prompt (2 to SHORT_PROMPT tokens) while the batched forward's kernels are not compiled
+    prompt (2 to short_prompt(model) tokens) while the batched forward's kernels are not compiled
     (batched_compiled), so that a first run compiles the single-token forward only; else n_batch."""
-    if 1 < n_prompt <= SHORT_PROMPT and n_batch > 1 and not batched_compiled(model):
+    if 1 < n_prompt <= short_prompt(model) and n_batch > 1 and not batched_compiled(model):
         return 1
     return n_batch
 
