@@ -10,7 +10,7 @@ import time
 
 import click
 
-from .common import Compiling, grammar_matcher, log, read_prompt, warn_n_ctx
+from .common import Compiling, given, grammar_matcher, log, read_prompt, warn_n_ctx
 from .options import refuse_unused
 
 
@@ -61,15 +61,30 @@ def run(o) -> int:
         sampler = sampler_from_options(o.sampling, n_vocab=hp.n_vocab, eog_ids=tok.eog_ids,
                                        has_eos=tok.eos_id is not None, ignore_eos=o.ignore_eos, grammar=matcher)
 
-        def warmup():
+        def warmup(n_prompt=None):
             # run_conversation calls this once the first turn is read and known to fit: a turn that
-            # does not fit is then the run's one error line, not the second after the seed's
+            # does not fit is then the run's one error line, not the second after the seed's.
+            # n_prompt: the tokens of a single turn's prompt, given before the run: its run's
+            # kernels only, and its prompt token by token on a first run (as a completion's,
+            # engine.prompt_n_batch); else every turn's kernels, but neither the head on several
+            # rows nor several sequences' attention (a chat reads one row's logits at a time).
+            # Returns the batch size of the first turn's prompt (None: the session's).
             if sampler is not None:
                 log(f"sampler seed: {sampler.seed}")
+            n_batch, run = None, dict(several_rows=False)
+            if n_prompt is not None:
+                n_batch = session.n_batch
+                if not given("n_batch"):
+                    n_batch = engine.prompt_n_batch(model, n_prompt, n_batch)
+                    if o.verbose and n_batch != session.n_batch:
+                        log("the prompt is evaluated token by token (the batched forward's kernels are not "
+                            "compiled yet)")
+                run = dict(n_prompt=n_prompt, n_predict=n_predict, n_batch=n_batch, n_ctx=session.n_ctx)
             with Compiling(o.verbose) as progress:
                 compile_s = engine.warm_up(model, progress=progress, sampler=sampler, jobs=min(2, n_threads),
-                                           ahead=ahead)
+                                           ahead=ahead, **run)
             timings["compile_ms"] = round(1e3 * compile_s, 2)
+            return n_batch
 
         return run_conversation(model, session, first_user=first, system_prompt=o.system_prompt,
                                 single_turn=o.single_turn, n_predict=n_predict, jinja=o.jinja,

@@ -518,11 +518,13 @@ class Conversation:
                                f"context (n_ctx = {self.session.n_ctx}); start a new conversation or raise "
                                f"-c/--ctx-size")
 
-    def reply(self, user_text: str, n_predict: int = -1, on_piece=None) -> TurnResult:
+    def reply(self, user_text: str, n_predict: int = -1, on_piece=None, prompt_batch: int | None = None) -> TurnResult:
         """Add a user turn, evaluate the tokens not cached yet, generate the reply greedily.
 
         n_predict: most tokens to generate (< 0: no limit but the context). on_piece(bytes) gets
-        the reply's text as it comes (whole UTF-8 characters). A KeyboardInterrupt during the reply
+        the reply's text as it comes (whole UTF-8 characters). prompt_batch: evaluate the new
+        tokens this many at a time (None: the session's batches; the logits are the same either
+        way, a sequence's bits not depending on its batches). A KeyboardInterrupt during the reply
         stops it (stop "interrupted"); what was generated stays in the history.
         Raises SynapseError when the conversation with this turn does not fit in the context (at
         least one free position is needed for the reply); the turn is then not added.
@@ -548,7 +550,9 @@ class Conversation:
         res.stop = None
         t0 = t1 = time.perf_counter()
         try:
-            logits = s.eval(full[k:])
+            step = prompt_batch or len(full) - k
+            for i in range(k, len(full), step):
+                logits = s.eval(full[i:i + step])
             t1 = time.perf_counter()
             if self.sampler is not None:  # as llama-completion: the turn's input tokens fill the penalty window
                 self.sampler.accept_many(full[k:])
@@ -661,8 +665,11 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     object per turn instead (model, prompt_tokens: the rendered conversation's ids, tokens, text, stop,
     n_reused, n_evaluated, n_past, timings, and seed when sampling). Ctrl-C stops the current reply;
     Ctrl-C at the prompt raises KeyboardInterrupt (the CLI exits 130). log(str) writes stderr lines; verbose logs each
-    turn's cache reuse. warmup(), if given, is called once the template and a given first turn are
-    checked, before anything is evaluated (the CLI compiles the kernels there). sampler: a
+    turn's cache reuse. warmup(n_prompt), if given, is called once the template and a given first
+    turn are checked, before anything is evaluated (the CLI compiles the kernels there); n_prompt
+    is the first turn's prompt length when it is the run's only turn (single_turn and first_user),
+    else None, and it returns the batch size to evaluate that prompt in (None: the session's).
+    sampler: a
     synapse_nb.Sampler for sampled replies (None: greedy); each turn's new input tokens are passed
     to its accept before the reply, as llama-completion does. timings: run-wide entries (the CLI's
     load_ms, compile_ms, n_threads, as its completion --json has them) added to each turn's JSON
@@ -673,10 +680,13 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
     log = log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
     render = chat_renderer(tok, chat_template, template_origin, jinja, system_prompt)
     conv = Conversation(session, render, system_prompt, ignore_eos=ignore_eos, sampler=sampler, grammar=grammar)
+    n_first = first_batch = None
     if first_user is not None:
-        conv.check_fits(conv.prompt_tokens(first_user))  # before the wait for the kernels
+        first = conv.prompt_tokens(first_user)
+        conv.check_fits(first)  # before the wait for the kernels
+        n_first = len(first) if single_turn else None
     if warmup is not None:
-        warmup()
+        first_batch = warmup(n_first)
     out = sys.stdout.buffer
 
     def on_piece(b):
@@ -707,7 +717,8 @@ def run_conversation(model, session, *, first_user: str | None = None, system_pr
         else:
             text, pending = pending, None
         turn += 1
-        res = conv.reply(text, n_predict, on_piece=None if as_json else on_piece)
+        res = conv.reply(text, n_predict, on_piece=None if as_json else on_piece,
+                         prompt_batch=first_batch if turn == 1 else None)
         totals["prompt_ms"] += res.prompt_ms
         totals["n_prompt"] += res.n_evaluated
         totals["eval_ms"] += res.eval_ms

@@ -417,6 +417,32 @@ def test_a_first_runs_short_prompt_is_evaluated_token_by_token(tmp_path):
     assert note not in err and again["tokens"] == first["tokens"]
 
 
+@pytest.mark.slow
+@pytest.mark.cold_compile
+def test_a_first_single_turn_chat_compiles_its_run_and_evaluates_its_prompt_token_by_token(tmp_path):
+    # -st with the prompt given: the warm-up compiles that run's kernels (as a completion's), and on
+    # a first run its prompt is evaluated token by token (engine.prompt_n_batch); the reply is the
+    # one of a run with -b (batches) and of a run once the kernels are cached.
+    import os
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    note = b"the prompt is evaluated token by token"
+
+    def chat(*extra):
+        res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-q4_0.gguf", "-st", "-p",
+                              "hello world " * 4, "-n", "6", "-t", "2", "--json", "-v", *extra], capture_output=True,
+                             timeout=900, cwd=ROOT, env=env)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout), res.stderr
+
+    first, err = chat()
+    assert note in err and b"compiling kernels, first run only" in err and len(first["prompt_tokens"]) > 16
+    batched, err = chat("-b", "512")
+    assert note not in err and batched["tokens"] == first["tokens"] and batched["text"] == first["text"]
+    again, err = chat()
+    assert note not in err and again["tokens"] == first["tokens"]
+
+
 def _capped(*args, timeout=120, stdin=None):
     """The CLI under a 3 GiB address-space cap (a regression fails with MemoryError, exit 1, instead of
     taking the shared machine's memory)."""

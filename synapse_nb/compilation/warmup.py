@@ -114,7 +114,7 @@ def _compiles(model: Model, s) -> bool:
 
 def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: int = -1,
            n_batch: int = DEFAULT_N_BATCH, n_ctx: int | None = None, jobs: int = 1,
-           ahead: helper_process.Helper | None = None) -> None:
+           ahead: helper_process.Helper | None = None, several_rows: bool | None = None) -> None:
     """Compile (or load from Numba's cache) the kernels the forward uses, with 1- and 2-token forwards.
 
     model: a loaded Model. progress: optional callable(done, total, name) called before each step.
@@ -132,7 +132,10 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     the last step among them. The kernels and the cache are the same either way. ahead: the
     Helper.ahead of model's path that the run started watching before its model load
     (engine.compiling_ahead), used as that process (told its work, or cancelled when there is
-    none); a started one means a cold cache.
+    none); a started one means a cold cache. several_rows: whether the output head's batch
+    matmul and several sequences' attention are compiled too, the kernels of runs that read the
+    logits of several rows or step several sequences (a server's, perplexity's, --batch's; a
+    chat reads one row's logits at a time: False); by default when n_prompt is None.
     """
     hp = model.hparams
     if n_prompt is None:
@@ -146,7 +149,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
     # others run on their own in the last step
     override = dict(sorted(kinds))
     rest = kinds - set(override.items())
-    head = n_prompt is None  # the head's batch matmul: a warm-up of every run's (a server's, perplexity's)
+    head = n_prompt is None if several_rows is None else several_rows  # the head's batch matmul, segments
     s = warmup_session(model, override)
     helper = None
     # A batched forward also calls the one-row kernels (its last layer computes its last row
@@ -172,8 +175,7 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         # the kernels shared with the helper (this process from the batched forward's first, the
         # helper from the single-token forward's last), then every row through the last layer
         # (the one-row calls: the run's last batch makes those on its last layer, which the
-        # single-token forward also makes). The head's batch matmul only for a warm-up of every
-        # run (n_prompt None).
+        # single-token forward also makes). The head's batch matmul only with several_rows.
         helper.beside(lambda: helper.share(warmup_steps(model, s, True, head, rest)))
         batched_layers(model, s, head=head)
         if not single and helper.started:  # no single-token step to load them: the run's forward
@@ -189,8 +191,8 @@ def warmup(model: Model, progress=None, n_prompt: int | None = None, n_predict: 
         ("batched forward (parallel kernels)", run_batched) if batched else None,
         ("single-token forward (serial kernels)", run_single) if single else None,
         ("attention kernels", lambda: compile_attention(model, s, rest)) if rest else None,
-        # every kernel: a server's too (several sequences decoding in one step)
-        ("several sequences' attention", lambda: compile_segments(model, s)) if n_prompt is None else None,
+        # a server's, --batch's (several sequences decoding in one step)
+        ("several sequences' attention", lambda: compile_segments(model, s)) if head else None,
     ]
     steps = [st for st in steps if st is not None]
     for i, (name, run) in enumerate(steps):
