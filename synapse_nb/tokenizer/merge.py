@@ -299,35 +299,40 @@ def _utf8_char(buf, i, end):
 
 
 @njit(cache=True)
-def strings_code_points(buf, bounds):
-    """index.code_points of the strings buf[bounds[i] : bounds[i + 1] - 8] (a GGUF string array, see
-    gguf_file.StringArray.raw), each decoded alone as strict UTF-8; ok False (and nothing
-    else meaningful) when one is not valid UTF-8."""
+def _code_points(buf, bounds, cps, off):
+    """strings_code_points' loop: each string's code points into cps (int32, room for them all),
+    where each starts into off (int64 [n + 1]), in one pass; returns how many, or -1 when a
+    string is not valid UTF-8."""
     n = bounds.shape[0] - 1
-    off = np.empty(n + 1, np.int64)
     off[0] = 0
-    total = 0
-    for t in range(n):  # count the characters, checking every one
-        i = bounds[t]
-        end = bounds[t + 1] - 8
-        while i < end:
-            cp, ln = _utf8_char(buf, i, end)
-            if ln == 0:
-                return np.empty(0, np.int32), off, False
-            i += ln
-            total += 1
-        off[t + 1] = total
-    cps = np.empty(total, np.int32)
     k = 0
     for t in range(n):
         i = bounds[t]
         end = bounds[t + 1] - 8
         while i < end:
             cp, ln = _utf8_char(buf, i, end)
+            if ln == 0:
+                return -1
             cps[k] = cp
             k += 1
             i += ln
-    return cps, off, True
+        off[t + 1] = k
+    return k
+
+
+def strings_code_points(buf, bounds):
+    """index.code_points of the strings buf[bounds[i] : bounds[i + 1] - 8] (a GGUF string array, see
+    gguf_file.StringArray.raw), each decoded alone as strict UTF-8: (cps int32, off int64 [n + 1],
+    ok); ok False (and nothing else meaningful) when one is not valid UTF-8. One compiled pass into
+    room for as many code points as the strings have bytes (a copy of what it used when that is
+    under 3/4 of it: a vocabulary of multi-byte characters)."""
+    n = bounds.shape[0] - 1
+    room = max(0, int(bounds[n] - bounds[0]) - 8 * n)  # the strings' bytes
+    cps, off = np.empty(room, np.int32), np.empty(n + 1, np.int64)
+    total = _code_points(buf, bounds, cps, off)
+    if total < 0:
+        return np.empty(0, np.int32), off, False
+    return (cps[:total] if 4 * total >= 3 * room else cps[:total].copy()), off, True
 
 
 @njit(cache=True, inline="always")
