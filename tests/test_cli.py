@@ -389,12 +389,15 @@ def test_compile_notice_shown_when_compiling(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.cold_compile
-def test_a_first_runs_short_prompt_is_evaluated_token_by_token(tmp_path):
+@pytest.mark.parametrize("args", [["hello world " * 10], ["-st", "-p", "hello world " * 4]], ids=["completion", "chat"])
+def test_a_first_runs_short_prompt_is_evaluated_token_by_token(tmp_path, args):
     # With an empty cache a short prompt is evaluated one token at a time, so that the run compiles
     # the single-token forward only (compilation.warmup.prompt_n_batch); -b given keeps the batches.
     # Both give the same tokens (a sequence's bits do not depend on its batches); once a batched
     # run has compiled its kernels, a run without -b batches its prompt again. Short: here more
-    # than 16 tokens (the tiny model's forward reads little: warmup.short_prompt).
+    # than 16 tokens (the tiny model's forward reads little: warmup.short_prompt). A single-turn
+    # chat with its prompt given (-st -p) too: its warm-up then compiles its run's kernels, as a
+    # completion's.
     import os
 
     from synapse_nb.compilation.warmup import SHORT_PROMPT
@@ -403,43 +406,17 @@ def test_a_first_runs_short_prompt_is_evaluated_token_by_token(tmp_path):
     note = b"the prompt is evaluated token by token"
 
     def cli(*extra):
-        res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-q4_0.gguf", "hello world " * 10,
+        res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-q4_0.gguf", *args,
                               "-n", "6", "-t", "2", "--json", "-v", *extra], capture_output=True, timeout=900,
                              cwd=ROOT, env=env)
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout), res.stderr
 
     first, err = cli()
-    assert len(first["prompt_tokens"]) > SHORT_PROMPT and note in err
+    assert len(first["prompt_tokens"]) > SHORT_PROMPT and note in err and b"compiling kernels, first run only" in err
     batched, err = cli("-b", "512")
     assert note not in err and batched["tokens"] == first["tokens"]
     again, err = cli()
-    assert note not in err and again["tokens"] == first["tokens"]
-
-
-@pytest.mark.slow
-@pytest.mark.cold_compile
-def test_a_first_single_turn_chat_compiles_its_run_and_evaluates_its_prompt_token_by_token(tmp_path):
-    # -st with the prompt given: the warm-up compiles that run's kernels (as a completion's), and on
-    # a first run its prompt is evaluated token by token (engine.prompt_n_batch); the reply is the
-    # one of a run with -b (batches) and of a run once the kernels are cached.
-    import os
-
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
-    note = b"the prompt is evaluated token by token"
-
-    def chat(*extra):
-        res = subprocess.run([sys.executable, "-m", "cli.main", TINY / "tiny-llama-q4_0.gguf", "-st", "-p",
-                              "hello world " * 4, "-n", "6", "-t", "2", "--json", "-v", *extra], capture_output=True,
-                             timeout=900, cwd=ROOT, env=env)
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout), res.stderr
-
-    first, err = chat()
-    assert note in err and b"compiling kernels, first run only" in err and len(first["prompt_tokens"]) > 16
-    batched, err = chat("-b", "512")
-    assert note not in err and batched["tokens"] == first["tokens"] and batched["text"] == first["text"]
-    again, err = chat()
     assert note not in err and again["tokens"] == first["tokens"]
 
 
