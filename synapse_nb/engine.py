@@ -77,7 +77,8 @@ def warm_up(model: Model, *, progress=None, sampler=None, all_samplers: bool = F
     """Compile (or load from Numba's cache) the kernels a run calls; returns the seconds it took.
 
     The forward's kernels (synapse_nb.compilation.warmup.warmup with progress, jobs and `run`:
-    n_prompt, n_predict, n_batch, n_ctx to compile only what that run calls; ahead, the Helper
+    n_prompt, n_predict, n_batch, n_ctx to compile only what that run calls, several_rows False
+    to leave out the head on several rows and several sequences' attention; ahead, the Helper
     of compiling_ahead), then those of `sampler`'s chain (a Sampler), or of every chain with
     all_samplers (a server: any request's).
     """
