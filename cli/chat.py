@@ -10,7 +10,7 @@ import time
 
 import click
 
-from .common import Compiling, given, grammar_matcher, log, read_prompt, warn_n_ctx
+from .common import Compiling, grammar_matcher, log, prompt_n_batch, read_prompt, warn_n_ctx
 from .options import refuse_unused
 
 
@@ -73,12 +73,7 @@ def run(o) -> int:
                 log(f"sampler seed: {sampler.seed}")
             n_batch, run = None, dict(several_rows=False)
             if n_prompt is not None:
-                n_batch = session.n_batch
-                if not given("n_batch"):
-                    n_batch = engine.prompt_n_batch(model, n_prompt, n_batch)
-                    if o.verbose and n_batch != session.n_batch:
-                        log("the prompt is evaluated token by token (the batched forward's kernels are not "
-                            "compiled yet)")
+                n_batch = prompt_n_batch(model, n_prompt, session.n_batch, o.verbose)
                 run = dict(n_prompt=n_prompt, n_predict=n_predict, n_batch=n_batch, n_ctx=session.n_ctx)
             with Compiling(o.verbose) as progress:
                 compile_s = engine.warm_up(model, progress=progress, sampler=sampler, jobs=min(2, n_threads),

@@ -65,6 +65,19 @@ def given(name: str) -> bool:
     return click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT
 
 
+def prompt_n_batch(model, n_prompt: int, n_batch: int, verbose: bool) -> int:
+    """The batch size for a prompt of n_prompt tokens: n_batch when -b was given, else the engine's
+    choice (engine.prompt_n_batch: token by token on a first run), which -v logs."""
+    if given("n_batch"):
+        return n_batch
+    from synapse_nb import engine
+
+    chosen = engine.prompt_n_batch(model, n_prompt, n_batch)
+    if verbose and chosen != n_batch:
+        log("the prompt is evaluated token by token (the batched forward's kernels are not compiled yet)")
+    return chosen
+
+
 def parse_token_list(text: str) -> list[int]:
     # ids (ASCII digits) separated by one comma and/or whitespace; "1 2" is two ids, never 12
     items = re.split(r"\s*,\s*|\s+", text.strip())

@@ -13,7 +13,8 @@ import time
 
 import click
 
-from .common import EXIT_INTERRUPTED, Compiling, given, grammar_matcher, log, parse_token_list, read_prompt, warn_n_ctx
+from .common import (EXIT_INTERRUPTED, Compiling, grammar_matcher, log, parse_token_list, prompt_n_batch, read_prompt,
+                     warn_n_ctx)
 from .options import refuse_unused
 
 NOT_FINITE = "warning: the logits are not finite (NaN or inf): the model's weights or hyper-parameters are broken"
@@ -82,11 +83,8 @@ def _complete(o, path, t_start, grammar_text, ahead) -> int:
             raise click.UsageError("missing PROMPT: give it as an argument, '-' for standard input, or -f FILE")
         raise SynapseError("the prompt is empty (no tokens to evaluate)")
 
-    n_batch = o.n_batch
-    if not o.prefill_check and not given("n_batch"):  # a short prompt of a first run: token by token
-        n_batch = engine.prompt_n_batch(model, len(prompt_ids), n_batch)
-        if o.verbose and n_batch != o.n_batch:
-            log("the prompt is evaluated token by token (the batched forward's kernels are not compiled yet)")
+    # a short prompt of a first run: token by token (not for --prefill-check, which runs both)
+    n_batch = o.n_batch if o.prefill_check else prompt_n_batch(model, len(prompt_ids), o.n_batch, o.verbose)
     session = engine.open_session(model, o.n_ctx, o.n_threads, n_batch, o.swa_full)
     n_threads = session.n_threads  # at most Numba's thread count
     session.check_prompt(len(prompt_ids))  # generation then stops when the context is full
