@@ -163,41 +163,48 @@ def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts, cur, pr
             nxt[i] = i + 1
         nxt[n - 1] = -1
         hn = 0
-        # seed the queue with every adjacent pair that has a merge
-        for i in range(n - 1):
-            slot = _find(keys, n_ids, cur[i], cur[i + 1])
+        # Every pair (a, nxt[a]) that may merge is looked up and queued at one place, the loop's
+        # end (one copy of the inlined lookup and push: a second and third were 0.3 s of the
+        # kernel's compile): first the word's adjacent pairs left to right, then after each merge
+        # its new neighbour pairs, (prev, l) then (l, next), before the next pop.
+        k = 0  # the next adjacent pair to seed
+        c0 = c1 = np.int32(-1)  # a merge's pairs still to queue (left symbols), c0 first
+        while True:
+            if k < n - 1:
+                a = k
+                k += 1
+            elif c0 >= 0:
+                a = c0
+                c0, c1 = c1, np.int32(-1)
+            elif hn > 0:
+                l = np.int32(hk[0] & 0xFFFFFFFF)
+                slot = hs[0]
+                hn = _pop(hk, hs, hn)
+                # stale: the left symbol was merged away or changed, or its right neighbour
+                # is not the one queued (cur == -2 marks merged-away symbols; a pair of ids >= 0
+                # is the slot's pair exactly when it gives the slot's key)
+                ca = cur[l]
+                r = nxt[l]
+                if ca < 0 or r < 0:
+                    continue
+                cb = cur[r]
+                if cb < 0 or np.int64(ca) * n_ids + cb != keys[slot]:
+                    continue
+                cur[l] = tres[slot]
+                cur[r] = -2
+                nr = nxt[r]
+                nxt[l] = nr
+                if nr >= 0:
+                    prv[nr] = l
+                # then its new neighbour pairs, (prev, l) and (l, next), those that exist, in order
+                x, y = prv[l], (l if nr >= 0 else np.int32(-1))
+                c0, c1 = (x, y) if x >= 0 else (y, np.int32(-1))
+                continue
+            else:
+                break
+            slot = _find(keys, n_ids, cur[a], cur[nxt[a]])
             if slot >= 0:
-                hn = _push(hk, hs, hn, (np.int64(trank[slot]) << 32) | i, slot)
-        while hn > 0:
-            l = np.int32(hk[0] & 0xFFFFFFFF)
-            slot = hs[0]
-            hn = _pop(hk, hs, hn)
-            # stale: the left symbol was merged away or changed, or its right neighbour
-            # is not the one queued (cur == -2 marks merged-away symbols; a pair of ids >= 0
-            # is the slot's pair exactly when it gives the slot's key)
-            a = cur[l]
-            r = nxt[l]
-            if a < 0 or r < 0:
-                continue
-            b = cur[r]
-            if b < 0 or np.int64(a) * n_ids + b != keys[slot]:
-                continue
-            cur[l] = tres[slot]
-            cur[r] = -2
-            nr = nxt[r]
-            nxt[l] = nr
-            if nr >= 0:
-                prv[nr] = l
-            # queue the new neighbour pairs: (prev, l) and (l, next)
-            x = prv[l]
-            if x >= 0:
-                slot2 = _find(keys, n_ids, cur[x], cur[l])
-                if slot2 >= 0:
-                    hn = _push(hk, hs, hn, (np.int64(trank[slot2]) << 32) | x, slot2)
-            if nr >= 0:
-                slot2 = _find(keys, n_ids, cur[l], cur[nr])
-                if slot2 >= 0:
-                    hn = _push(hk, hs, hn, (np.int64(trank[slot2]) << 32) | l, slot2)
+                hn = _push(hk, hs, hn, (np.int64(trank[slot]) << 32) | a, slot)
         i = 0
         while i >= 0:
             out[o] = cur[i]
@@ -456,30 +463,44 @@ def _spm_merge_words(text, starts, tok_cps, tok_off, table, prio, is_len, out, o
             nxt[i] = i + 1
         nxt[n - 1] = -1
         hn = 0
-        for i in range(n - 1):
-            hn = _spm_try(i, i + 2, s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
-        while hn > 0:
-            l = hk[0] & 0xFFFFFFFF
-            e = hs[0] >> 32
-            t = np.int32(hs[0] & 0xFFFFFFFF)
-            hn = _pop(hk, hs, hn)
-            if cur[l] == -2:
+        # Each pair is tried at one place, the loop's end (one copy of the inlined _spm_try: a
+        # copy per call site was 0.5 s of the kernel's compile): first the word's adjacent
+        # characters left to right, then after each merge its new neighbour pairs, (prev, l)
+        # then (l, next), before the next pop. The pair of symbol a ends where its right
+        # neighbour ends.
+        k = 0  # the next adjacent pair to seed
+        c0 = c1 = -1  # a merge's pairs still to try (left symbols), c0 first
+        while True:
+            if k < n - 1:
+                a = k
+                k += 1
+            elif c0 >= 0:
+                a = c0
+                c0, c1 = c1, -1
+            elif hn > 0:
+                l = hk[0] & 0xFFFFFFFF
+                e = hs[0] >> 32
+                t = np.int32(hs[0] & 0xFFFFFFFF)
+                hn = _pop(hk, hs, hn)
+                if cur[l] == -2:
+                    continue
+                r = nxt[l]
+                if r < 0 or end[r] != e:
+                    continue
+                cur[l] = t
+                end[l] = e
+                cur[r] = -2
+                nr = nxt[r]
+                nxt[l] = nr
+                if nr >= 0:
+                    prv[nr] = l
+                # then its new neighbour pairs, (prev, l) and (l, next), those that exist, in order
+                x, y = prv[l], (l if nr >= 0 else -1)
+                c0, c1 = (x, y) if x >= 0 else (y, -1)
                 continue
-            r = nxt[l]
-            if r < 0 or end[r] != e:
-                continue
-            cur[l] = t
-            end[l] = e
-            cur[r] = -2
-            nr = nxt[r]
-            nxt[l] = nr
-            if nr >= 0:
-                prv[nr] = l
-            x = prv[l]
-            if x >= 0:
-                hn = _spm_try(x, e, s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
-            if nr >= 0:
-                hn = _spm_try(l, end[nr], s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
+            else:
+                break
+            hn = _spm_try(a, end[nxt[a]], s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
         i = 0
         while i >= 0:
             t = cur[i]
