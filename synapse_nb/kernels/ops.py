@@ -312,6 +312,15 @@ def _rms_norm_ser(out, x, w, eps):
         _rms_norm_row(out, x, w, eps, t)
 
 
+@kernel
+def _rms_norm_rows1(out, x, w, eps):
+    """_rms_norm_ser one row after another, without the four-row kernel: the kernel of a one-token
+    forward (its rows: the token, or its heads for a head norm), so that a first run that only
+    decodes does not compile _rms_norm_rows4 (0.4 s)."""
+    for t in range(x.shape[0]):
+        _rms_norm_row(out, x, w, eps, t)
+
+
 def rms_norm_rows(out, x, w, eps):
     """out[n] = x[n] * (1 / sqrt(mean(x[n]**2) + eps)) * w, per row.
 
@@ -501,7 +510,9 @@ class RowKernels(NamedTuple):
     geglu: object
 
 
-_ROW_KERNELS = (RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser, _geglu_ser),
+# for one row, for a few rows on the calling thread, for the rows on all threads (row_kernels)
+_ROW_KERNELS = (RowKernels(_rms_norm_rows1, _rope_ser, _swiglu_ser, _geglu_ser),
+                RowKernels(_rms_norm_ser, _rope_ser, _swiglu_ser, _geglu_ser),
                 RowKernels(_rms_norm_par, _rope_par, _swiglu_par, _geglu_par))
 
 
@@ -514,6 +525,7 @@ SERIAL_ROWS = 8
 
 def row_kernels(n, serial_upto=1):
     """The RowKernels for n rows: over the rows on all threads when n > serial_upto; fewer run on
-    the calling thread (a parallel region would only pay the threads' launch). ParallelSession's
-    steps pass SERIAL_ROWS; a Session's forward keeps 1 (the kernels its warm-up compiles)."""
-    return _ROW_KERNELS[n > serial_upto]
+    the calling thread (a parallel region would only pay the threads' launch), one row by kernels
+    of one row where they differ. ParallelSession's steps pass SERIAL_ROWS; a Session's forward
+    keeps 1 (the kernels its warm-up compiles)."""
+    return _ROW_KERNELS[2 if n > serial_upto else 0 if n == 1 else 1]
