@@ -407,8 +407,9 @@ class GGUFFile:
 
 
 # Arrays of at least this many strings are walked by a compiled loop (gguf_strings; its cache
-# load costs ~2 ms, the Python loop 0.2 us a string)
-_COMPILED_STRINGS = 16384
+# load costs ~2 ms, the Python loop 0.2 us a string); None: every array in Python (a process that
+# would otherwise compile the loop a second time: compilation.helper)
+COMPILED_STRINGS_MIN = 16384
 
 
 class _Reader:
@@ -444,7 +445,7 @@ class _Reader:
         mv, pos, unpack, size = self.mv, self.pos, _U64.unpack_from, self.size
         if pos + 8 * n > size:  # each string has at least its 8-byte length: a bad count fails here
             raise _Truncated(self.where)
-        if n >= _COMPILED_STRINGS:
+        if COMPILED_STRINGS_MIN is not None and n >= COMPILED_STRINGS_MIN:
             from .gguf_strings import string_bounds
 
             bounds = np.empty(n + 1, np.int64)
