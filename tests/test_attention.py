@@ -336,6 +336,8 @@ def test_kv_store_and_query_rounding_are_ggml_fp32_to_fp16(portable, monkeypatch
 
     if portable:
         monkeypatch.setattr(simd, "HAS_F16C", False)
+    # compiled afresh, with the row conversion it calls (a cached kernel keeps its first ISA)
+    monkeypatch.setattr(A, "_f16_row", njit(cache=False)(A._f16_row.py_func))
     store = njit(cache=False)(A.store_kv_kernel.py_func)
     rnd = njit(cache=False)(lambda d, s: [simd.f16_round16(d, i, s, i) for i in range(0, s.size, 16)])
     rng = np.random.default_rng(11)

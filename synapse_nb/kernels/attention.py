@@ -84,27 +84,30 @@ def _f16_round(x):
 
 
 @kernel
+def _f16_row(dst, src, so, n):
+    """dst[i] = the F16 bits of src[so + i] for i < n, 16 at a time, then one by one (one copy of
+    the scalar rounding for K and V: 0.1 s less of store_kv_kernel's compile, 0.75-0.80 -> 0.67-0.69 s)."""
+    n16 = n - n % 16
+    for i in range(0, n16, 16):
+        f16_bits16(dst, i, src, so + i)
+    for i in range(n16, n):
+        dst[i] = _f16_bits(src[so + i])
+
+
+@kernel
 def store_kv_kernel(k_cache, v_cache, k, v, pos0):
     """store_kv's kernel (unchecked; also called from the compiled block loop, kernels/graph.py)."""
     hd_k, hd_v = k_cache.shape[2], v_cache.shape[3]
-    k16, v16 = hd_k - hd_k % 16, hd_v - hd_v % 16
     kb = np.empty(hd_k, np.uint16)  # a K row's F16 bits, converted 16 at a time, then spread over the tile
     for t in range(k.shape[0]):
         p = pos0 + t
         blk, pj = p // KT, p % KT
         kt, vt = k[t], v[t]
         for g in range(k_cache.shape[0]):
-            for i in range(0, k16, 16):
-                f16_bits16(kb, i, kt, g * hd_k + i)
-            for i in range(k16, hd_k):
-                kb[i] = _f16_bits(kt[g * hd_k + i])
+            _f16_row(kb, kt, g * hd_k, hd_k)
             for i in range(hd_k):
                 k_cache[g, blk, i, pj] = kb[i]
-            vr = v_cache[g, pj, blk]
-            for i in range(0, v16, 16):
-                f16_bits16(vr, i, vt, g * hd_v + i)
-            for i in range(v16, hd_v):
-                vr[i] = _f16_bits(vt[g * hd_v + i])
+            _f16_row(v_cache[g, pj, blk], vt, g * hd_v, hd_v)
 
 
 def store_kv(k_cache, v_cache, k, v, pos0):

@@ -103,6 +103,15 @@ def v_expf_normal(x):
 
 
 @kernel(inline="always")
+def _expf_normal_ok(x):
+    """v_expf_normal(x)'s ok alone (its n computed the same way, without the polynomial): where a
+    lane needs v_expf itself."""
+    r = _F32(12582912.0)
+    n = fma32(x, EXPF_LOG2E, r) - r
+    return (n >= _F32(-125.0)) & (n <= _F32(127.0))
+
+
+@kernel(inline="always")
 def v_silu(x):
     """One lane of ggml_v_silu (AVX-512): x / (1 + ggml_v_expf(0 - x)), float32."""
     e = v_expf(_F32(0.0) - x)
@@ -129,8 +138,7 @@ def _swiglu_row(out, gate, up, t):
         n_off += np.int32(0) if ok else np.int32(1)
     if n_off:
         for i in range(m16):
-            e, ok = v_expf_normal(_F32(0.0) - gate[t, i])
-            if not ok:
+            if not _expf_normal_ok(_F32(0.0) - gate[t, i]):
                 out[t, i] = v_silu(gate[t, i]) * up[t, i]
     for i in range(m16, m):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
