@@ -137,6 +137,19 @@ def _pop(hk, hs, hn):
     return hn
 
 
+@njit(cache=True, inline="always")
+def _next_pair(k, n, c0, c1):
+    """The next pair a merge loop (_merge_words, _spm_merge_words) looks up, by its left symbol a:
+    first the word's n - 1 adjacent pairs in order (k the next of them), then a merge's new
+    neighbour pairs c0, c1 (-1: none). Returns (a, k, c0, c1) after taking it; a is -1 when none
+    is left, and the loop pops its queue's best pair."""
+    if k < n - 1:
+        return k, k + 1, c0, c1
+    if c0 >= 0:
+        return c0, k, c1, np.int64(-1)
+    return np.int64(-1), k, c0, c1
+
+
 @njit(cache=True)
 def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts, cur, prv, nxt, hk, hs):
     """Merge the symbols of each word.
@@ -167,16 +180,12 @@ def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts, cur, pr
         # end (one copy of the inlined lookup and push: a second and third were 0.3 s of the
         # kernel's compile): first the word's adjacent pairs left to right, then after each merge
         # its new neighbour pairs, (prev, l) then (l, next), before the next pop.
-        k = 0  # the next adjacent pair to seed
-        c0 = c1 = np.int32(-1)  # a merge's pairs still to queue (left symbols), c0 first
+        k, c0, c1 = np.int64(0), np.int64(-1), np.int64(-1)  # see _next_pair
         while True:
-            if k < n - 1:
-                a = k
-                k += 1
-            elif c0 >= 0:
-                a = c0
-                c0, c1 = c1, np.int32(-1)
-            elif hn > 0:
+            a, k, c0, c1 = _next_pair(k, n, c0, c1)
+            if a < 0:
+                if hn == 0:
+                    break
                 l = np.int32(hk[0] & 0xFFFFFFFF)
                 slot = hs[0]
                 hn = _pop(hk, hs, hn)
@@ -197,11 +206,9 @@ def _merge_words(sym, starts, keys, trank, tres, n_ids, out, out_starts, cur, pr
                 if nr >= 0:
                     prv[nr] = l
                 # then its new neighbour pairs, (prev, l) and (l, next), those that exist, in order
-                x, y = prv[l], (l if nr >= 0 else np.int32(-1))
-                c0, c1 = (x, y) if x >= 0 else (y, np.int32(-1))
+                x, y = np.int64(prv[l]), (np.int64(l) if nr >= 0 else np.int64(-1))
+                c0, c1 = (x, y) if x >= 0 else (y, np.int64(-1))
                 continue
-            else:
-                break
             slot = _find(keys, n_ids, cur[a], cur[nxt[a]])
             if slot >= 0:
                 hn = _push(hk, hs, hn, (np.int64(trank[slot]) << 32) | a, slot)
@@ -468,16 +475,12 @@ def _spm_merge_words(text, starts, tok_cps, tok_off, table, prio, is_len, out, o
         # characters left to right, then after each merge its new neighbour pairs, (prev, l)
         # then (l, next), before the next pop. The pair of symbol a ends where its right
         # neighbour ends.
-        k = 0  # the next adjacent pair to seed
-        c0 = c1 = -1  # a merge's pairs still to try (left symbols), c0 first
+        k, c0, c1 = np.int64(0), np.int64(-1), np.int64(-1)  # see _next_pair
         while True:
-            if k < n - 1:
-                a = k
-                k += 1
-            elif c0 >= 0:
-                a = c0
-                c0, c1 = c1, -1
-            elif hn > 0:
+            a, k, c0, c1 = _next_pair(k, n, c0, c1)
+            if a < 0:
+                if hn == 0:
+                    break
                 l = hk[0] & 0xFFFFFFFF
                 e = hs[0] >> 32
                 t = np.int32(hs[0] & 0xFFFFFFFF)
@@ -495,11 +498,9 @@ def _spm_merge_words(text, starts, tok_cps, tok_off, table, prio, is_len, out, o
                 if nr >= 0:
                     prv[nr] = l
                 # then its new neighbour pairs, (prev, l) and (l, next), those that exist, in order
-                x, y = prv[l], (l if nr >= 0 else -1)
-                c0, c1 = (x, y) if x >= 0 else (y, -1)
+                x, y = prv[l], (l if nr >= 0 else np.int64(-1))
+                c0, c1 = (x, y) if x >= 0 else (y, np.int64(-1))
                 continue
-            else:
-                break
             hn = _spm_try(a, end[nxt[a]], s, text, tok_cps, tok_off, table, prio, is_len, hk, hs, hn)
         i = 0
         while i >= 0:
