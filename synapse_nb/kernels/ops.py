@@ -48,6 +48,32 @@ EXPF_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
 # ---------------------------------------------------------------------------------------------
 
 @kernel(inline="always")
+def _expf_n(x):
+    """n = round(x / ln 2) as float32, by the 0x1.8p23 shift (ggml_v_expf's first step)."""
+    r = _F32(12582912.0)  # 0x1.8p23f
+    return fma32(x, EXPF_LOG2E, r) - r
+
+
+@kernel(inline="always")
+def _expf_poly(x, n):
+    """ggml_v_expf's j(b): b = x - n ln 2 in two fnmadd steps, then its degree-5 polynomial."""
+    b = fma32(-n, EXPF_LN2_LO, fma32(-n, EXPF_LN2_HI, x))
+    u = b * b
+    return fma32(
+        fma32(fma32(EXPF_C5, b, EXPF_C4), u,
+              fma32(EXPF_C3, b, EXPF_C2)),
+        u,
+        fma32(EXPF_C1, b, _F32(1.0)))
+
+
+@kernel(inline="always")
+def _expf_normal_n(n):
+    """Whether 2**n is a normal float, -125 <= n <= 127 (false for NaN): where j * 2**n is one
+    float multiply (v_expf_normal's path)."""
+    return (n >= _F32(-125.0)) & (n <= _F32(127.0))
+
+
+@kernel(inline="always")
 def v_expf(x):
     """One lane of ggml_v_expf (ggml-cpu/vec.h, __AVX512F__ && __AVX512DQ__ branch).
 
@@ -56,20 +82,12 @@ def v_expf(x):
     in fmadds, then _mm512_scalef_ps(j, n) = j * 2**n rounded once; |n| > 192 gives 0 (n <= 0)
     or inf.
     """
-    r = _F32(12582912.0)  # 0x1.8p23f
-    z = fma32(x, EXPF_LOG2E, r)
-    n = z - r
-    b = fma32(-n, EXPF_LN2_LO, fma32(-n, EXPF_LN2_HI, x))
+    n = _expf_n(x)
     if math.fabs(n) > _F32(192.0):
         return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
     if n != n:  # NaN input: the mask tests are false, the polynomial result (NaN) is returned
         return n
-    u = b * b
-    j = fma32(
-        fma32(fma32(EXPF_C5, b, EXPF_C4), u,
-              fma32(EXPF_C3, b, EXPF_C2)),
-        u,
-        fma32(EXPF_C1, b, _F32(1.0)))
+    j = _expf_poly(x, n)
     # scalef: j * 2**n rounded once. For -125 <= n <= 127, 2**n is a normal float and j * 2**n
     # (j in [0.7, 1.5)) a normal float or inf: one float multiply rounds exactly as scalef.
     # Otherwise (subnormal results) scale exactly in double and round once to float.
@@ -83,32 +101,15 @@ def v_expf(x):
 def v_expf_normal(x):
     """v_expf(x) on its common path, without branches so that a loop over it vectorizes.
 
-    x: float32. Returns (value, ok): when ok (-125 <= n <= 127, n = round(x / ln 2); false for
-    NaN), value is v_expf(x) bit for bit (the polynomial scaled by one float multiply); otherwise
-    value is meaningless and the caller must use v_expf(x).
+    x: float32. Returns (value, ok): when ok (_expf_normal_n: -125 <= n <= 127, n = round(x /
+    ln 2); false for NaN), value is v_expf(x) bit for bit (the polynomial scaled by one float
+    multiply); otherwise value is meaningless and the caller must use v_expf(x).
     """
-    r = _F32(12582912.0)  # 0x1.8p23f
-    z = fma32(x, EXPF_LOG2E, r)
-    n = z - r
-    b = fma32(-n, EXPF_LN2_LO, fma32(-n, EXPF_LN2_HI, x))
-    u = b * b
-    j = fma32(
-        fma32(fma32(EXPF_C5, b, EXPF_C4), u,
-              fma32(EXPF_C3, b, EXPF_C2)),
-        u,
-        fma32(EXPF_C1, b, _F32(1.0)))
-    ok = (n >= _F32(-125.0)) & (n <= _F32(127.0))
+    n = _expf_n(x)
+    j = _expf_poly(x, n)
+    ok = _expf_normal_n(n)
     ni = np.int32(n if ok else _F32(0.0))
     return j * u32_as_f32(np.uint32(ni + 127) << np.uint32(23)), ok
-
-
-@kernel(inline="always")
-def _expf_normal_ok(x):
-    """v_expf_normal(x)'s ok alone (its n computed the same way, without the polynomial): where a
-    lane needs v_expf itself."""
-    r = _F32(12582912.0)
-    n = fma32(x, EXPF_LOG2E, r) - r
-    return (n >= _F32(-125.0)) & (n <= _F32(127.0))
 
 
 @kernel(inline="always")
@@ -138,7 +139,7 @@ def _swiglu_row(out, gate, up, t):
         n_off += np.int32(0) if ok else np.int32(1)
     if n_off:
         for i in range(m16):
-            if not _expf_normal_ok(_F32(0.0) - gate[t, i]):
+            if not _expf_normal_n(_expf_n(_F32(0.0) - gate[t, i])):  # v_expf_normal's ok alone
                 out[t, i] = v_silu(gate[t, i]) * up[t, i]
     for i in range(m16, m):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
