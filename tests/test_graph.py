@@ -210,3 +210,28 @@ def test_rope_tables():
         assert np.array_equal(y[0], x[0]) and not np.array_equal(y[1], x[1])
         norms = lambda v: (v[:32] ** 2 + v[32:64] ** 2) if neox else (v[0:64:2] ** 2 + v[1:64:2] ** 2)
         assert np.allclose(norms(y[1]), norms(x[1]), rtol=1e-5)
+
+
+def test_a_group_is_one_matvec_only_with_one_chunk_kernel():
+    """q, k, v (gate, up) are one matvec call (graph.Tables' FUSE) when they share a format, a
+    conversion and a chunk kernel: a weight whose rows are not a multiple of 4 runs its format's
+    mv_any (matmul.Kernels), so it keeps its own call beside weights bound to mv."""
+    import dataclasses
+
+    from synapse_nb.kernels import bind
+    from synapse_nb.kernels import graph as G
+
+    model = shared_model("tiny-llama-q4_1")
+    layers, hp = model.weights.layers, model.hparams
+    t = G.Tables(layers, hp).matmuls(False, False)
+    assert (t[:, G.WQ, G.FUSE] == 3).all() and (t[:, G.WGATE, G.FUSE] == 2).all()
+
+    def cut(w):  # the weight's first rows, a number that is not a multiple of 4
+        m = w.m - 4 + 1
+        return bind(type("W", (), {"name": w.name, "ggml_type": w.fmt.ggml_type, "shape": (m, w.k),
+                                   "data": w.rows[:m].reshape(-1)})())
+
+    odd = [dataclasses.replace(L, wk=cut(L.wk), w_up=cut(L.w_up)) for L in layers]
+    t = G.Tables(odd, hp).matmuls(False, False)
+    assert (t[:, G.WK, G.CH_N] != t[:, G.WQ, G.CH_N]).all()
+    assert (t[:, G.WQ, G.FUSE] == 0).all() and (t[:, G.WGATE, G.FUSE] == 0).all()

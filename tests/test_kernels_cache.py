@@ -64,7 +64,7 @@ def test_generated_drivers_load_from_cache_in_a_new_process(tmp_path):
     assert all(hits > 0 and misses == 0 for hits, misses in second.values()), second
 
 
-# matvec of an F32 weight: _mv_f32 inlines legacy.vec_dot_f32, whose reduction is block_ir.reduce64's IR
+# matvec of an F32 weight of 2 rows: _mv_any_f32 (rows not a multiple of 4) inlines legacy.vec_dot_f32, whose reduction is block_ir.reduce64's IR
 # (simd.ir_reduce_add_16).
 _F32_DOT = r"""
 import importlib, json
@@ -78,7 +78,7 @@ class W:
     name, ggml_type, shape = "w", GT.F32, (2, 64)
     data = np.ones(128, np.float32).view(np.uint8)
 y = matvec(W(), np.ones(64, np.float32))
-s = MM._mv_f32.stats
+s = MM._mv_any_f32.stats
 print(json.dumps({"file": synapse_nb.__file__, "y": float(y[0]),
                   "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values())}))
 """

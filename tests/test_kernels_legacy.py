@@ -353,21 +353,28 @@ def test_bound_weight_is_the_checked_path_without_checks(name):
 def test_the_matvec_of_three_weights_is_three_matvecs(name):
     """A decode driver takes up to three weights reading one activation row in one parallel
     region (wq, wk, wv): each output the bits of its weight's own matvec, for row counts that are
-    not multiples of the chunk (16) or of vec_dot4's 4, and for a weight of 0 rows."""
+    not multiples of the chunk (16) or of vec_dot4's 4 (the format's mv_any: a weight of such rows
+    is bound to it), for multiples of 4 (mv), and for a weight of 0 rows."""
     rng = np.random.default_rng(5)
     w, _ = fixture_weight(name)
     b = bind(w)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     a = b.quantize(x)
-    mv = b.drivers(1)[0]
-    parts = (b.rows[:37], b.rows[37:42], b.rows[42:768])
-    want = [b.matmul(x)[:, :37], b.matmul(x)[:, 37:42], b.matmul(x)[:, 42:]]
-    outs = [np.full((1, p.shape[0]), np.nan, np.float32) for p in parts]
-    mv(outs[0], parts[0], outs[1], parts[1], outs[2], parts[2], a, b.n_scratch)
-    assert all(same_bits(o, y) for o, y in zip(outs, want))
-    one = np.full((1, 5), np.nan, np.float32)
-    mv(one, parts[1], one[:0], parts[1][:0], one[:0], parts[1][:0], a, b.n_scratch)
-    assert same_bits(one, want[1])
+    y = b.matmul(x)
+    kern = MM.kernels_for(name)
+    assert b.drivers(1)[0] is kern.mv and 768 % kern.mv_rows == 0
+    for mv, cuts in ((kern.mv_any, (37, 42)), (kern.mv, (36, 44))):
+        parts = (b.rows[:cuts[0]], b.rows[cuts[0]:cuts[1]], b.rows[cuts[1]:])
+        want = [y[:, :cuts[0]], y[:, cuts[0]:cuts[1]], y[:, cuts[1]:]]
+        outs = [np.full((1, p.shape[0]), np.nan, np.float32) for p in parts]
+        mv(outs[0], parts[0], outs[1], parts[1], outs[2], parts[2], a, b.n_scratch)
+        assert all(same_bits(o, yw) for o, yw in zip(outs, want))
+        one = np.full((1, parts[1].shape[0]), np.nan, np.float32)
+        mv(one, parts[1], one[:0], parts[1][:0], one[:0], parts[1][:0], a, b.n_scratch)
+        assert same_bits(one, want[1])
+    odd = bind(T(w.name, w.ggml_type, (37, 256), b.rows[:37].reshape(-1)))
+    assert odd.drivers(1)[0] is kern.mv_any and same_bits(odd.matmul(x), y[:, :37])
+    assert (kern.mv_rows, kern.mv_any is kern.mv) == ((4, False) if name in ("Q4_1", "IQ4_NL", "F16") else (1, True))
 
 
 def test_bind_validates_at_load():

@@ -148,7 +148,8 @@ class BoundWeight:
         self.rows, self.m, self.k = rows, m, k
         self.act_row_bytes = self.act_fmt.row_bytes(k)
         self.n_scratch = _mm.scratch_ints(k)
-        self._act, self._mv, self._mm, self._deq = kern.act, kern.mv, kern.mm, kern.deq
+        self._act, self._mm, self._deq = kern.act, kern.mm, kern.deq
+        self._mv = kern.mv if m % kern.mv_rows == 0 else kern.mv_any
         self._act1 = _mm.ACT1_DRIVERS[kern.act_type]
 
     def shares_activation(self, other: "BoundWeight") -> bool:

@@ -438,9 +438,11 @@ class Tables:
                         t[il, j, MM_1], t[il, j, CH_1] = self._fns_of(mm1, "matvec")
                         t[il, j, ACT_1] = self._fn(cv1, "convert") if src == j else 0
                 for group in ((WQ, WK, WV), (WGATE, WUP)):
-                    # one call when the group's weights share one kernel (format) and conversion
-                    first = ws[group[0]]
-                    if all(ws[j].fmt is first.fmt and t[il, j, SRC] == group[0] and ws[j].n_scratch == first.n_scratch
+                    # one call when the group's weights share one kernel (format and row count's
+                    # variant: BoundWeight.drivers) and conversion
+                    g0, first = group[0], ws[group[0]]
+                    if all(ws[j].fmt is first.fmt and t[il, j, SRC] == g0 and ws[j].n_scratch == first.n_scratch
+                           and t[il, j, CH_N] == t[il, g0, CH_N] and t[il, j, CH_1] == t[il, g0, CH_1]
                            for j in group):
                         t[il, group[0], FUSE] = len(group)
             self._mt[key] = t

@@ -5,14 +5,14 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
 * Numba cannot cache a generic ``@njit(parallel=True, cache=True)`` driver that receives the row
   function as an argument or as a closure variable: both miss the on-disk cache in every new
   process (the dispatcher type / pickled closure differs per process; numba issues 6264, 2956).
-  So each format gets its own small drivers (``_act_<A>``, ``_mv_<T>``, ``_mm_<T>``, ``_deq_<T>``), but they are
-  written once, as the templates below. The matvec and matmul ones are serial kernels of a range of
-  chunks, which one parallel launcher for every format (``mv_launch``, ``mm_launch``) calls by
-  address (kernels/native.py: an address is an int64 argument, which caches), so that a format
-  does not compile a parallel region of its own (``Chunked``). The source of each driver is
-  generated from its template with the format's row-function names and compiled with this
-  module's file name, so Numba's
-  cache finds it again in a new process (its index key is the function's bytecode, the same in
+  So each format gets its own small drivers (``_act_<A>``, ``_mv_<T>``, ``_mm_<T>``, ``_deq_<T>``; a
+  block format's ``_mv_any_<T>`` for weights of rows not a multiple of 4), but they are written
+  once, as the templates below. The matvec and matmul ones are serial kernels of a range of chunks,
+  which one parallel launcher for every format (``mv_launch``, ``mm_launch``) calls by address
+  (kernels/native.py: an address is an int64 argument, which caches), so that a format does not
+  compile a parallel region of its own (``Chunked``). The source of each driver is generated from
+  its template with the format's row-function names and compiled with this module's file name, so
+  Numba's cache finds it again in a new process (its index key is the function's bytecode, the same in
   every process). The formats, and which module holds each one's row functions, come from
   synapse_nb.formats (the one table of formats); ``KERNELS`` is built from it.
 * Row functions are plain ``@njit(cache=True)`` functions on raw bytes, output first:
@@ -229,7 +229,8 @@ def _row_groups(groups, single, per_row=False):
     the group's width, are computed by the same call on a copy of them padded to the width with
     the last one, and copied out (the same operations per row; a driver then holds one row
     function, not two: the single-row function was about a third of a K-quant decode driver's
-    compile)."""
+    compile). ``single`` "": no rows are left (the caller's weights have a multiple of the
+    widths' rows, as CHUNK_ROWS is)."""
     if single is None:
         # one call site (a second one doubled the driver's compile); plain loops (Numba's slice
         # assignment is seconds of compile)
@@ -244,10 +245,11 @@ def _row_groups(groups, single, per_row=False):
                f"    m += {width}\n    mr += {width}\n")
     else:
         src = "".join(f"while m + {width} <= m1:\n    {call}\n    m += {width}\n" for width, call in groups)
-        # the single-row calls' scratch, allocated only by a chunk that has such rows (an allocation
-        # per chunk was ~10 % of a decode matvec of 576-value rows)
-        src += (f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n"
-                f"        {single}\n")
+        if single:
+            # the single-row calls' scratch, allocated only by a chunk that has such rows (an
+            # allocation per chunk was ~10 % of a decode matvec of 576-value rows)
+            src += (f"if m < m1:\n    scratch = np.empty(n_scratch, np.int32)\n    for r in range(m, m1):\n"
+                    f"        {single}\n")
     if per_row:
         src = "for n in range(a.shape[0]):\n    m = m0\n" + "".join(f"    {line}\n" for line in src.splitlines())
     else:
@@ -274,14 +276,17 @@ class Kernels(NamedTuple):
     (act: X float32 [N, K] -> uint8 [N, act_row_bytes]), matmul (mm: N > 1 rows, a Chunked) as (y
     float32 [N, M], w uint8 [M, row_bytes], a, n_scratch), matvec (mv: one activation row, a Chunked) as
     (y1, w1, y2, w2, y3, w3, a, n_scratch), y_i = w_i . a for three weights of this type and n_in
-    (a weight of 0 rows and a y of 0 rows for none), and the row dequantizer (deq: out float32
-    [len(ids), K], w, ids int64)."""
+    (a weight of 0 rows and a y of 0 rows for none) whose rows are each a multiple of mv_rows
+    (else mv_any, the same bits), and the row dequantizer (deq: out float32 [len(ids), K], w, ids
+    int64)."""
 
     act_type: str
     act: object
     mv: object
     mm: object
     deq: object
+    mv_rows: int  # mv takes weights of a multiple of this many rows (1: any)
+    mv_any: object  # the matvec of any other weight (mv itself when mv_rows is 1)
 
 
 class _Drivers(Mapping):
@@ -336,8 +341,15 @@ def _weight_kernels(fmt) -> Kernels:
     # single-row function was 1-2.5 s of its decode driver's 5-7 s of compile; a block format's
     # is small, and the padding's code cost its driver 0.5 s more than it saved
     groups = [(4, f"{mod}.{dot4}(y[n], m, w, a[n])")] if hasattr(m_, dot4) else []
-    one = _row_groups(groups, None if groups and mod == "kquants" else f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)",
-                      per_row=True)
+    single = None if groups and mod == "kquants" else f"y[n, r] = {mod}.{dot}(w[r], a[n], scratch)"
+    one = _row_groups(groups, single, per_row=True)
+    # a block format's matvec of whole four-row groups, without the single-row function (0.27-0.29
+    # s of its compile, for a weight whose rows are not a multiple of 4: no real model's so far),
+    # beside the one with it, compiled only for a model that has such a weight
+    mv_rows = 4 if groups and single is not None else 1
+    if mv_rows > 1:
+        _chunk_kernel(_MV_CHUNK, "_mv_any_", fmt.stem, one, mod, "y1, w1, y2, w2, y3, w3, a, n_scratch")
+        one = _row_groups(groups, "", per_row=True)
     if hasattr(m_, rows):
         wide = [(k, rows.replace("rows_dot_", f"rows_dot{k}_", 1)) for k in (8, 4, 2)]
         many = _row_groups([(k, f"{mod}.{fn}(y, m, w, a)") for k, fn in wide if hasattr(m_, fn)],
@@ -348,9 +360,10 @@ def _weight_kernels(fmt) -> Kernels:
     _chunk_kernel(_MM_CHUNK, "_mm_", fmt.stem, "".join(f"    {line}\n" for line in many.splitlines()), mod,
                   "y_all, w, a_all, n_scratch")
     _define(_DEQ.format(name=f"_deq_{fmt.stem}", mod=mod, deq=f"dequantize_row_{fmt.stem}"))
-    return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type],
-                   Chunked(mv_launch, globals()[f"_mv_{fmt.stem}"], MV_CHUNK_SIG),
-                   Chunked(mm_launch, globals()[f"_mm_{fmt.stem}"], MM_CHUNK_SIG), globals()[f"_deq_{fmt.stem}"])
+    mv = Chunked(mv_launch, globals()[f"_mv_{fmt.stem}"], MV_CHUNK_SIG)
+    return Kernels(fmt.vec_dot_type, ACT_DRIVERS[fmt.vec_dot_type], mv,
+                   Chunked(mm_launch, globals()[f"_mm_{fmt.stem}"], MM_CHUNK_SIG), globals()[f"_deq_{fmt.stem}"],
+                   mv_rows, Chunked(mv_launch, globals()[f"_mv_any_{fmt.stem}"], MV_CHUNK_SIG) if mv_rows > 1 else mv)
 
 
 def _build_tables():
