@@ -195,3 +195,32 @@ def test_one_layer_loop_for_every_architecture():
         m.compile_layers(s.state, s.cache)
     assert archs == set(ARCHS)
     assert len(graph.layers.signatures) == 1
+
+
+def test_a_nested_kernel_is_called_by_kernels_and_by_address_never_from_python():
+    """kernel(nested=True) (decorator.NestedDispatcher, here graph._add_rows): compiled without
+    Numba's Python wrapper; a kernel calls it, directly or at its address, with its results; a
+    call from Python, which would jump to the missing wrapper, raises TypeError."""
+    from synapse_nb.kernels import graph as G
+    from synapse_nb.kernels.decorator import NestedDispatcher
+
+    F2 = types.Array(types.float32, 2, "C")
+    assert isinstance(G._add_rows, NestedDispatcher)
+    y, b = np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)
+    with pytest.raises(TypeError, match="graph._add_rows is a nested kernel"):
+        G._add_rows(y, b)
+    f = N.native_fn(G._add_rows, F2, F1)
+    cres = G._add_rows.overloads[(F2, F1)]
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_cpython_wrapper_name) == 0 != f.addr
+
+    @njit(cache=False)
+    def direct(y, b):
+        G._add_rows(y, b)
+
+    @njit(cache=False)
+    def at(kind, addr, y, b):
+        N.call_at(kind, addr, y, b)
+
+    direct(y, b)
+    at(N.kind(F2, F1), f.addr, y, b)
+    assert np.array_equal(y, 1 + 2 * np.stack([b, b]))

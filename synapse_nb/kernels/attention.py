@@ -83,7 +83,7 @@ def _f16_round(x):
     return f16_to_f32(_f16_bits(x))
 
 
-@kernel
+@kernel(nested=True)
 def _f16_row(dst, src, so, n):
     """dst[i] = the F16 bits of src[so + i] for i < n, 16 at a time, then one by one (one copy of
     the scalar rounding for K and V: 0.1 s less of store_kv_kernel's compile, 0.75-0.80 -> 0.67-0.69 s)."""
@@ -633,7 +633,7 @@ ITEM_SIGNATURES = {
 _K_QK, _K_PV, _K_PREFILL = (kind(*ITEM_SIGNATURES[k]) for k in ("attn_qk", "attn_pv", "attn_prefill"))
 
 
-@kernel
+@kernel(nested=True)
 def _qk_tiles(sc, so, ss, kf, ko, qf, qo, qs, nq, nblk, qa, qb, n64):
     """Scores of nq queries on nblk consecutive K tiles (kf: one KV head's tiles, the first at ko;
     positions from sc[so]). nq is qa or qb, n64 (64-dim steps) 1 or 2: the literals of the
@@ -659,7 +659,7 @@ def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0
             pv_chain(acc, ao + l * als, as_, fresh, vf, vo + l * vls, vs, wf, wo + l, ws, s0, s1, nq, dv)
 
 
-@kernel
+@kernel(nested=True)
 def _pv_lanes(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq, pa, pb):
     """pv_chain on 64 channels (dv 4) for nq queries (the VectorPlan's literal pa or pb) on lanes
     l0..l1-1 in turn: lane l's accumulators at acc[ao + l * als] (queries as_ apart), its V rows
@@ -943,17 +943,17 @@ class VectorPlan(tuple):
 # no plan and compile once for every head configuration, sharing the items (a direct call would
 # link each item's code into each entry, and compile it there again).
 _ITEMS = """
-@kernel
+@kernel(nested=True)
 def _dqk_{tag}(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64):
     _decode_qk(sc, kf, qf, g, b0, b1, nt, gqa, hd_k, nctx64, {n64}, {qa}, {qb})
 
 
-@kernel
+@kernel(nested=True)
 def _dpv_{tag}(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv):
     _decode_pv(acc, vf, wf, g, quarter, gqa, hd_v, nt, nctx64, m0, n_kv, {pa}, {pb})
 
 
-@kernel
+@kernel(nested=True)
 def _pitem_{tag}(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb, qwf, scf, accf):
     _prefill_item(out, q, kf, vf, pos0, n_head, n_head_kv, kq_scale, n_swa, nt, hd_k, hd_v, g, b, rb, qwf, scf, accf,
                   {n64}, {qa}, {qb}, {pa}, {pb})

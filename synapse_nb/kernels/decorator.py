@@ -1,7 +1,8 @@
 """``kernel``: the one decorator of every Numba function in synapse_nb/kernels.
 
-``@kernel`` / ``@kernel(inline="always")`` / ``@kernel(parallel=True)`` is Numba's njit with the
-package's policy, so that no kernel differs from another in how it is compiled or cached:
+``@kernel`` / ``@kernel(inline="always")`` / ``@kernel(parallel=True)`` / ``@kernel(nested=True)``
+is Numba's njit with the package's policy, so that no kernel differs from another in how it is
+compiled or cached:
   * ``cache=True``, with the locators of cache_locators.py (installed here before the first kernel is
     decorated, as Numba picks a function's locator then): a cached kernel depends on all of
     synapse_nb/kernels/*.py, never running code built from an older file it inlines;
@@ -9,16 +10,43 @@ package's policy, so that no kernel differs from another in how it is compiled o
     Numba's default Python semantics, which raise ZeroDivisionError (from inside a parallel
     region: "SystemError ... returned a result with an exception set"). Finite results are the
     same either way.
+  * ``nested=True``: a kernel that only other kernels call (a callee, not inlined at Numba's level;
+    or a kernel called by address, native.call_at). Numba compiles every function it is asked to
+    with two wrappers, one that Python calls (boxing and unboxing each argument) and one of the C
+    ABI; a callee needs neither, and they were ~40 ms of each such function's compile (of a first
+    run's ~20). Compiled without them (Numba's own no_cpython_wrapper and no_cfunc_wrapper, as its
+    @overload implementations are), its code is the same; a call from Python, which would jump to
+    the missing wrapper, raises TypeError instead (NestedDispatcher).
 Other njit options (inline, parallel, ...) pass through; cache and error_model may not be given.
 """
 
 from numba import njit
+from numba.core.registry import CPUDispatcher
 
 from . import cache_locators
 
 
-def kernel(fn=None, **options):
-    """njit(cache=True, error_model="numpy", **options)(fn); without fn, the decorator."""
+class NestedDispatcher(CPUDispatcher):
+    """A kernel compiled without Numba's Python wrapper (kernel(nested=True)): callable from
+    kernels only. Called from Python, it raises TypeError naming itself."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a nested kernel "
+                        "(kernel(nested=True)): call it from a kernel, not from Python")
+
+
+def kernel(fn=None, *, nested=False, **options):
+    """njit(cache=True, error_model="numpy", **options)(fn); without fn, the decorator. nested: no
+    Python or C wrapper (see the module docstring)."""
     cache_locators.install()
+    if nested:
+        options.update(no_cpython_wrapper=True, no_cfunc_wrapper=True)
     dec = njit(cache=True, error_model="numpy", **options)
-    return dec if fn is None else dec(fn)
+
+    def decorate(f):
+        d = dec(f)
+        if nested:
+            d.__class__ = NestedDispatcher
+        return d
+
+    return decorate if fn is None else decorate(fn)

@@ -149,7 +149,7 @@ class LayerVectors(NamedTuple):
     gelu_table: np.ndarray
 
 
-@kernel
+@kernel(nested=True)
 def _matmul(e, one, out, x, abuf):
     """out[n] = W . x[n] for matmul table entry e (int64 [ENTRY_FIELDS]); one: the one-row kernels.
     x is converted to W's vec_dot_type into abuf[e[SRC]] (unless another entry did already)."""
@@ -167,7 +167,7 @@ def _matmul(e, one, out, x, abuf):
         call_at(_K_MM, e[MM_N], e[CH_N], out, w, a, e[NSC])
 
 
-@kernel
+@kernel(nested=True)
 def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
     """ya, yb (and yc when n_w is 3) = W . x for one row x and the entries ea, eb, ec fused into
     one call of ea's kernel (ea[FUSE]): x converted once, by ea's converter."""
@@ -184,7 +184,7 @@ def _matvecs(ea, eb, ec, n_w, one, ya, yb, yc, x, abuf):
             ea[NSC])
 
 
-@kernel
+@kernel(nested=True)
 def _add_rows(y, b):
     """y[t] += b for every row t (numpy's y += b: float32 adds)."""
     for t in range(y.shape[0]):
@@ -192,7 +192,7 @@ def _add_rows(y, b):
             y[t, i] += b[i]
 
 
-@kernel
+@kernel(nested=True)
 def _add_rows_2d(y, b):
     """y += b elementwise, both float32 [n, d]."""
     for t in range(y.shape[0]):
@@ -200,7 +200,7 @@ def _add_rows_2d(y, b):
             y[t, i] += b[t, i]
 
 
-@kernel
+@kernel(nested=True)
 def _scale_all(y, s):
     """y *= s (float32 scalar): ggml_scale."""
     for t in range(y.shape[0]):
@@ -208,7 +208,7 @@ def _scale_all(y, s):
             y[t, i] *= s
 
 
-@kernel
+@kernel(nested=True)
 def _head_norms(rms, y, n_heads, head_dim, w, eps):
     """RMS norm of every head of y (float32 [n, n_heads * head_dim]) in place, weight w
     [head_dim]: ggml_rms_norm over ne0 = head_dim of the [head_dim, n_heads, n] view, then the MUL."""
@@ -216,7 +216,7 @@ def _head_norms(rms, y, n_heads, head_dim, w, eps):
     call_at(_K_RMS, rms, yh, yh, w, eps)
 
 
-@kernel
+@kernel(nested=True)
 def _scale_rows(y, s):
     """y[t] *= s[t, 0] for every row t (numpy's y *= s, s float32 [n, 1])."""
     for t in range(y.shape[0]):

@@ -117,7 +117,7 @@ _ACT1 = '@kernel\n' + """def {name}(a, x):
 # output is the same call's operations whatever the block (the row functions' outputs do not
 # depend on the other activation rows they are given).
 ACT_BLOCK = 64
-_MM_CHUNK = "@kernel\n" + """def {name}(c0, c1, y_all, w, a_all, n_scratch):
+_MM_CHUNK = "@kernel(nested=True)\n" + """def {name}(c0, c1, y_all, w, a_all, n_scratch):
     m_rows = w.shape[0]
     for c in range(c0, c1):
         m0 = c * CHUNK_ROWS
@@ -130,7 +130,7 @@ _MM_CHUNK = "@kernel\n" + """def {name}(c0, c1, y_all, w, a_all, n_scratch):
 # weight and two of 0 rows): their chunks in one parallel region, each output the same call of
 # the row function as alone (a region per weight cost a launch and a wait for the slower thread
 # each: ~2 us of a 4 us wk matvec at 2 threads).
-_MV_CHUNK = "@kernel\n" + """def {name}(c0, c1, y1, w1, y2, w2, y3, w3, a, n_scratch):
+_MV_CHUNK = "@kernel(nested=True)\n" + """def {name}(c0, c1, y1, w1, y2, w2, y3, w3, a, n_scratch):
     n1 = (w1.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
     n2 = (w2.shape[0] + CHUNK_ROWS - 1) // CHUNK_ROWS
     for c in range(c0, c1):
@@ -150,7 +150,7 @@ _MV_CHUNK = "@kernel\n" + """def {name}(c0, c1, y1, w1, y2, w2, y3, w3, a, n_scr
 # call of the first time (Q5_0's and Q4_1's matvecs were 3-4 % slower with the call). A K-quant's
 # are too large to be inlined either way (the parallel drivers called them too): no second pass
 # (0.4 s of compile).
-_OUTER = "@kernel\n" + """def {name}(c0, c1, {args}):
+_OUTER = "@kernel(nested=True)\n" + """def {name}(c0, c1, {args}):
     {body}(c0, c1, {args})
 """
 

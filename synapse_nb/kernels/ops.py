@@ -125,7 +125,7 @@ def silu_f32(x):
     return x / (_F32(1.0) + math.exp(-x))
 
 
-@kernel
+@kernel(nested=True)
 def _swiglu_row(out, gate, up, t):
     m = gate.shape[1]
     m16 = m - m % 16
@@ -222,7 +222,7 @@ def geglu16(context, builder, sig, args):
     ir_store(builder, y, builder.gep(o, [i]), align=4)
 
 
-@kernel
+@kernel(nested=True)
 def _geglu_row(out, gate, up, table, t):
     m = gate.shape[1]
     m16 = m - m % 16
@@ -262,7 +262,7 @@ def geglu_rows(out, gate, up):
 # RMSNorm
 # ---------------------------------------------------------------------------------------------
 
-@kernel
+@kernel(nested=True)
 def _rms_norm_row(out, x, w, eps, t):
     m = x.shape[1]
     s = 0.0
@@ -282,7 +282,7 @@ def _rms_scale_row(out, x, w, eps, t, s):
         out[t, i] = (x[t, i] * scale) * w[i]
 
 
-@kernel
+@kernel(nested=True)
 def _rms_norm_rows4(out, x, w, eps, t):
     """_rms_norm_row for rows t..t+3: their four sums side by side (each still in index order, a
     chain of double adds whose latency one row alone waits on)."""
@@ -458,7 +458,7 @@ def rope16_pairs(context, builder, sig, args):
     _rope16_emit(context, builder, sig, args, False)
 
 
-@kernel
+@kernel(nested=True)
 def _rope_head(x, cache, n_heads, head_dim, n_dims, neox, th):
     t = th // n_heads
     base = (th % n_heads) * head_dim
