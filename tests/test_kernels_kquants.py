@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as T
 
 from conftest import KERNELS, tiny
 from synapse_nb.kernels import kquants as kq
+from synapse_nb.kernels.decorator import python_call
 
 FORMATS = {
     # fixture name: (ggml type, block bytes, offsets of the f16 fields in a block)
@@ -41,12 +42,16 @@ def test_block_layouts_match_the_format_table():
         assert (F.format_of(ggml_type).type_size, F.format_of(ggml_type).f16_fields) == (size, f16_offsets), fmt
 
 
-def dot_fn(fmt):
+def dot_kernel(fmt):
     return getattr(kq, f"vec_dot_{SUFFIX[fmt]}_q8_K")
 
 
+def dot_fn(fmt):  # the row functions are nested kernels: called from Python through python_call
+    return python_call(dot_kernel(fmt))
+
+
 def deq_fn(fmt):
-    return getattr(kq, f"dequantize_row_{SUFFIX[fmt]}")
+    return python_call(getattr(kq, f"dequantize_row_{SUFFIX[fmt]}"))
 
 
 def scratch(k):
@@ -55,7 +60,7 @@ def scratch(k):
 
 def q8k(x):
     a = np.empty(x.size // 256 * 292, np.uint8)
-    kq.quantize_row_q8_K(a, x)
+    python_call(kq.quantize_row_q8_K)(a, x)
     return a
 
 
@@ -349,7 +354,7 @@ def test_vec_dot4_matches_vec_dot(fmt):
 
     rng = np.random.default_rng(11)
     nb, k = 19, 19 * 256
-    dot4 = getattr(kq, f"vec_dot4_{SUFFIX[fmt]}_q8_K")
+    dot4 = python_call(getattr(kq, f"vec_dot4_{SUFFIX[fmt]}_q8_K"))
     w = np.concatenate([random_rows(fmt, 11, nb, rng), extreme_rows(fmt, 11, nb, rng)])
     w = w[rng.permutation(len(w))]
     xs = [(rng.standard_normal(k) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32) for _ in range(3)]
@@ -413,7 +418,7 @@ def test_portable_dot_path_matches_ggml(monkeypatch):
     monkeypatch.setattr(simd, "HAS_F16C", False)
     rng = np.random.default_rng(9)
     for fmt in FORMATS:
-        portable = njit(cache=False)(dot_fn(fmt).py_func)
+        portable = njit(cache=False)(dot_kernel(fmt).py_func)
         z = np.load(KERNELS / f"{fmt}.npz")
         w, a, y = z["weight_bytes"], z["act_bytes"], z["y"]
         ours = np.array([[portable(w[m], a[r], scratch(256)) for m in range(0, w.shape[0], 7)]

@@ -28,6 +28,7 @@ import importlib, json, sys
 import numpy as np
 from synapse_nb import formats as F
 from synapse_nb.kernels import simd
+from synapse_nb.kernels.decorator import python_call
 
 KERNELS = sys.argv[1]
 if sys.argv[2] == "generic":
@@ -38,11 +39,13 @@ res = {}
 for fmt in F.weight_formats():
     z = np.load(f"{KERNELS}/{fmt.name.lower()}.npz")
     act = F.format_of(fmt.vec_dot_type)
-    quant = getattr(importlib.import_module(f"synapse_nb.kernels.{act.quantize_kernels}"), f"quantize_row_{act.stem}")
+    # (row functions are nested kernels: called from Python through python_call)
+    quant = python_call(getattr(importlib.import_module(f"synapse_nb.kernels.{act.quantize_kernels}"),
+                                f"quantize_row_{act.stem}"))
     mod = importlib.import_module(f"synapse_nb.kernels.{fmt.kernels}")
-    dot = getattr(mod, fmt.vec_dot_name())
-    rows_dot = getattr(mod, fmt.rows_dot_name(), None)
-    dot4 = getattr(mod, fmt.vec_dot4_name(), None)
+    dot = python_call(getattr(mod, fmt.vec_dot_name()))
+    rows_dot, dot4 = (python_call(getattr(mod, n)) if hasattr(mod, n) else None
+                      for n in (fmt.rows_dot_name(), fmt.vec_dot4_name()))
     x, act_ref, y_ref = z["x"], z["act_bytes"], z["y"]
     w = np.ascontiguousarray(z["weight_bytes"]).view(np.uint8).reshape(y_ref.shape[1], -1)
     a = np.empty_like(act_ref)

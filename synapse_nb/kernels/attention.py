@@ -148,7 +148,7 @@ def _reduce_lanes64(r, acc, n):
     _reduce_r16(r, n)
 
 
-@kernel
+@kernel(nested=True)
 def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
     """sd[j] = K[j] . qh (ggml_vec_dot_f16, rounded to float) for c0 <= j < n_kv (c0 a multiple of
     64): lane l of 64 takes dims i + l, by fma, kept for the 64 positions of one K tile at a time
@@ -176,7 +176,7 @@ def _qk_scores(sd, kg, qh, c0, n_kv, head_dim_k, a, r):
             sd[c + j] = _F32(s)
 
 
-@kernel
+@kernel(nested=True)
 def _pv(out, t, o0, vg, w, c0, n_kv, head_dim_v, b, rv):
     """out[t, o0 + d] = V^T[d] . w (ggml_vec_dot_f16) for d < head_dim_v: lane l of 64 takes
     positions c + l, by fma (b: scratch [64, head_dim_v], rv: [16, head_dim_v]); cells past

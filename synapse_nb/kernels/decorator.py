@@ -16,9 +16,12 @@ compiled or cached:
     ABI; a callee needs neither, and they were ~40 ms of each such function's compile (of a first
     run's ~20). Compiled without them (Numba's own no_cpython_wrapper and no_cfunc_wrapper, as its
     @overload implementations are), its code is the same; a call from Python, which would jump to
-    the missing wrapper, raises TypeError instead (NestedDispatcher).
+    the missing wrapper, raises TypeError instead (NestedDispatcher); python_call makes one
+    callable from a test.
 Other njit options (inline, parallel, ...) pass through; cache and error_model may not be given.
 """
+
+import functools
 
 from numba import njit
 from numba.core.registry import CPUDispatcher
@@ -33,6 +36,19 @@ class NestedDispatcher(CPUDispatcher):
     def __call__(self, *args, **kwargs):
         raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a nested kernel "
                         "(kernel(nested=True)): call it from a kernel, not from Python")
+
+
+@functools.cache
+def python_call(nested_kernel):
+    """nested_kernel (kernel(nested=True)) made callable from Python, for tests and benchmarks: a
+    jitted function that calls it with its arguments (compiled for each argument types, not
+    cached; the kernel itself is compiled and cached as for any caller)."""
+
+    @njit(cache=False, error_model="numpy")
+    def call(*args):
+        return nested_kernel(*args)
+
+    return call
 
 
 def kernel(fn=None, *, nested=False, **options):

@@ -73,7 +73,7 @@ Q8_K_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, IQ4_XS_B
     format_of(name).type_size for name in ("Q8_K", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 
 
-@kernel
+@kernel(nested=True)
 def _f32(w, o):
     """float32 at bytes w[o..o+3] (little endian)."""
     u = (np.uint32(w[o]) | (np.uint32(w[o + 1]) << np.uint32(8))
@@ -81,7 +81,7 @@ def _f32(w, o):
     return u32_as_f32(u)
 
 
-@kernel
+@kernel(nested=True)
 def _k4_scale_min(w, o, j):
     """ggml get_scale_min_k4: 6-bit scale and min j (0..7) of a Q4_K/Q5_K block, scales at w[o..o+11]."""
     if j < 4:
@@ -93,7 +93,7 @@ def _k4_scale_min(w, o, j):
     return sc, m
 
 
-@kernel
+@kernel(nested=True)
 def _q3_scale(w, o, i):
     """Q3_K 6-bit scale i (0..15) minus 32, scales at w[o..o+11]."""
     lo = (np.int32(w[o + (i & 7)]) >> np.int32(4 * (i >> 3))) & np.int32(15)
@@ -105,7 +105,7 @@ def _q3_scale(w, o, i):
 # Q8_K activations
 # ---------------------------------------------------------------------------------------
 
-@kernel
+@kernel(nested=True)
 def quantize_row_q8_K(out, x):
     """Quantize one activation row to Q8_K blocks (ggml-quants.c quantize_row_q8_K_ref,
     which ggml-cpu's x86 quantize_row_q8_K calls).
@@ -152,7 +152,7 @@ def quantize_row_q8_K(out, x):
 # Dequantization (ggml-quants.c dequantize_row_*, = gguf.quants.dequantize)
 # ---------------------------------------------------------------------------------------
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_q2_K(out, w_row):
     """Q2_K row -> float32 (ggml-quants.c dequantize_row_q2_K).
 
@@ -177,7 +177,7 @@ def dequantize_row_q2_K(out, w_row):
                         out[base + t] = dl * np.float32(q) - ml
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_q3_K(out, w_row):
     """Q3_K row -> float32 (ggml-quants.c dequantize_row_q3_K).
 
@@ -228,7 +228,7 @@ def _dequantize_q45_K(out, w_row, block_bytes, qs_off, high_bits):
                 out[base + 32 + t] = d2 * np.float32(q2) - mm2
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_q4_K(out, w_row):
     """Q4_K row -> float32 (ggml-quants.c dequantize_row_q4_K).
 
@@ -238,7 +238,7 @@ def dequantize_row_q4_K(out, w_row):
     _dequantize_q45_K(out, w_row, Q4_K_BYTES, 16, False)
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_q5_K(out, w_row):
     """Q5_K row -> float32 (ggml-quants.c dequantize_row_q5_K).
 
@@ -248,7 +248,7 @@ def dequantize_row_q5_K(out, w_row):
     _dequantize_q45_K(out, w_row, Q5_K_BYTES, 48, True)
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_q6_K(out, w_row):
     """Q6_K row -> float32 (ggml-quants.c dequantize_row_q6_K).
 
@@ -276,7 +276,7 @@ def dequantize_row_q6_K(out, w_row):
                 out[base + 96] = (d * np.float32(np.int8(w_row[isc + 6]))) * np.float32(q4)
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_iq4_xs(out, w_row):
     """IQ4_XS row -> float32 (ggml-quants.c dequantize_row_iq4_xs).
 
@@ -391,7 +391,7 @@ def _unpack_q3_K(qb, qh, w):
             qh[128 * j + 96 + t] = (((hm >> np.uint8(3)) & np.uint8(1)) ^ np.uint8(1)) << np.uint8(2)
 
 
-@kernel
+@kernel(nested=True)
 def _k4_unpack(sc, w, o):
     """Unpack the 12 packed bytes at w[o..o+11] into sc[0..7] = scales, sc[8..15] = mins
     (ggml get_scale_min_k4 for j = 0..7)."""
@@ -584,7 +584,7 @@ _TAIL = {
 }
 
 _VEC_DOT4 = '''
-@kernel
+@kernel(nested=True)
 def vec_dot4_{w}_q8_K(y, m, w, a_row):
     """y[m + r] = vec_dot_{w}_q8_K(w[m + r], a_row) for r < 4, bit for bit (_sb4_{w} per super-block).
 
@@ -653,7 +653,7 @@ def _generate(template, stem, blocks, **fields):
 # Per format (_VEC_DOTS): its docstring, the block step before the lanes start (d, the scales and
 # mins, the min term, the unpacking), the chunk dots where they are not the plain per-chunk ones.
 _VEC_DOT = """
-@kernel
+@kernel(nested=True)
 def vec_dot_{w}_q8_K(w_row, a_row, scratch):
     '''{doc}'''
     nb = w_row.size // {WB}
@@ -790,7 +790,7 @@ for _stem, (_doc, _block, _chunks) in _VEC_DOTS.items():
 # keeps its kernel's register allocation: the same machine code as its hand-written version).
 
 _ROWS_DOT = """
-@kernel
+@kernel(nested=True)
 def rows_dot_{w}_q8_K(y, m, w_row, a):
     '''y[n, m] = vec_dot_{w}_q8_K(w_row, a[n]) for every row n of a (bit for bit).
 
@@ -879,7 +879,7 @@ for _stem in _SB4:
 # K-quants of the Q4_K_M models in models.txt).
 
 _ROWS_DOT2 = """
-@kernel
+@kernel(nested=True)
 def rows_dot2_{w}_q8_K(y, m, w, a):
     '''y[n, m + r] = vec_dot_{w}_q8_K(w[m + r], a[n]) for r < 2 and every row n of a (bit for bit).'''
     nb = w.shape[1] // {WB}

@@ -1,6 +1,7 @@
 """Row kernels for the non-K formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 
-Two kinds of plain ``@kernel`` functions, output first, on raw GGUF bytes:
+Two kinds of ``@kernel(nested=True)`` functions (called by the drivers of matmul.py only), output
+first, on raw GGUF bytes:
   * ``dequantize_row_T(out: float32[K], w_row: uint8[row_bytes])``: bit-exact with
     gguf.quants.dequantize (and ggml-quants.c dequantize_row_T).
   * ``vec_dot_T(w_row: uint8[:], a_row: uint8[:], scratch: int32[:]) -> float32``: one weight
@@ -65,13 +66,13 @@ from .simd import (ROWS_GROUP, acc8_add, acc8_hsum, acc8_lane, acc8_zero, acc16_
 # ----------------------------------------------------------------------------------------------
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_f32(out, w_row):
     """F32 bytes -> float32 (copy)."""
     copy_u32(out.view(np.uint32), w_row.view(np.uint32))
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_f16(out, w_row):
     """F16 -> float32, exact (ggml_cpu_fp16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -79,7 +80,7 @@ def dequantize_row_f16(out, w_row):
         out[i] = f16_to_f32(wh[i])
 
 
-@kernel
+@kernel(nested=True)
 def dequantize_row_bf16(out, w_row):
     """BF16 -> float32, exact (ggml_cpu_bf16_to_fp32)."""
     wh = w_row.view(np.uint16)
@@ -213,7 +214,7 @@ def _zero16s(acc, k):
 
 
 _DEQUANTIZE = '''
-@kernel
+@kernel(nested=True)
 def dequantize_row_{w}(out, w_row):
     """{W} ({WB} B / 32 values: f16 d{Mdoc}, then the weights: {what}) -> float32.
 
@@ -224,7 +225,7 @@ def dequantize_row_{w}(out, w_row):
 '''
 
 _VEC_DOT = '''
-@kernel
+@kernel(nested=True)
 def vec_dot_{w}_{a}(w_row, a_row, scratch):
     """{W} weight row . {A} activation row -> float32; weights {what}.
 
@@ -245,7 +246,7 @@ def vec_dot_{w}_{a}(w_row, a_row, scratch):
 '''
 
 _ROWS_DOT = '''
-@kernel
+@kernel(nested=True)
 def rows_dot_{w}_{a}(y, m, w_row, a):
     """y[n, m] = vec_dot_{w}_{a}(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // {WB}
@@ -268,7 +269,7 @@ def rows_dot_{w}_{a}(y, m, w_row, a):
 '''
 
 _ROWS_DOT8 = '''
-@kernel
+@kernel(nested=True)
 def rows_dot8_{w}_{a}(y, m, w, a):
     """y[n, m + r] = vec_dot_{w}_{a}(w[m + r], a[n]) for r < 8 and every row n of a (bit for bit):
     vec_dot4's block operation (_blk4m_{w}: without its prefetch, done once per block here) twice
@@ -304,7 +305,7 @@ def rows_dot8_{w}_{a}(y, m, w, a):
 
 
 _VEC_DOT4 = '''
-@kernel
+@kernel(nested=True)
 def vec_dot4_{w}_{a}(y, m, w, a_row):
     """y[m + r] = vec_dot_{w}_{a}(w[m + r], a_row) for r < 4, bit for bit: per block the same
     operations per row (_blk4_{w}), the four rows' scalars and lanes in shared vector operations and
@@ -346,7 +347,7 @@ for _fmt in _BLOCK_FORMATS:
         _define(_ROWS_DOT8, _fmt)
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     """IQ4_NL weight row . Q8_0 activation row -> float32.
 
@@ -372,7 +373,7 @@ def vec_dot_iq4_nl_q8_0(w_row, a_row, scratch):
     return sumf
 
 
-@kernel
+@kernel(nested=True)
 def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
     """y[n, m] = vec_dot_iq4_nl_q8_0(w_row, a[n]) for every row n of a (bit for bit)."""
     nb = w_row.size // 18
@@ -400,7 +401,7 @@ def rows_dot_iq4_nl_q8_0(y, m, w_row, a):
             y[g + n, m] = sumf
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
     """y[m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a_row) for r < 4, bit for bit (vec_dot4 of the
     template formats with IQ4_NL's two accumulator sets: even blocks, odd blocks)."""
@@ -422,7 +423,7 @@ def vec_dot4_iq4_nl_q8_0(y, m, w, a_row):
             y[m + r] = _iq4_nl_tail(w[m + r], a_row, nb - 1, y[m + r])
 
 
-@kernel
+@kernel(nested=True)
 def rows_dot4_iq4_nl_q8_0(y, m, w, a):
     """y[n, m + r] = vec_dot_iq4_nl_q8_0(w[m + r], a[n]) for r < 4 and every row n of a (bit for
     bit; rows_dot4 with IQ4_NL's even / odd accumulator sets)."""
@@ -451,7 +452,7 @@ def rows_dot4_iq4_nl_q8_0(y, m, w, a):
                 y[g + n, m + r] = sumf
 
 
-@kernel
+@kernel(nested=True)
 def _iq4_nl_tail(w_row, a_row, b, sumf):
     """ggml's scalar tail for a trailing odd IQ4_NL block: sumf = fma(d, isum, sumf)."""
     ai = a_row.view(np.int8)
@@ -485,7 +486,7 @@ def _fma64_reduced(w, x):
     return reduce64(acc, 0), npart
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot_f32(w_row, a_row, scratch):
     """F32 weight row . F32 activation row -> float32.
 
@@ -500,7 +501,7 @@ def vec_dot_f32(w_row, a_row, scratch):
     return sumf
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot_f16(w_row, a_row, scratch):
     """F16 weight row . F16 activation row -> float32.
 
@@ -530,7 +531,7 @@ def _float4_loop(acc, w, m, x):
     return npart
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot4_f32(y, m, w, a_row):
     """y[m + r] = vec_dot_f32(w[m + r], a_row) for r < 4, bit for bit: the same lanes, fmas,
     reduction and leftovers per row; the vector loop in explicit <64 x float> operations (one
@@ -547,7 +548,7 @@ def vec_dot4_f32(y, m, w, a_row):
         y[m + r] = sumf
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot4_f16(y, m, w, a_row):
     """y[m + r] = vec_dot_f16(w[m + r], a_row) for r < 4, bit for bit (as vec_dot4_f32: the F16
     values converted exactly in the vector loop; the sum and leftovers in double)."""
@@ -562,7 +563,7 @@ def vec_dot4_f16(y, m, w, a_row):
         y[m + r] = np.float32(sumd)
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot_bf16(w_row, a_row, scratch):
     """BF16 weight row . BF16 activation row -> float32.
 
@@ -588,7 +589,7 @@ def vec_dot_bf16(w_row, a_row, scratch):
     return np.float32(sumd)
 
 
-@kernel
+@kernel(nested=True)
 def vec_dot4_bf16(y, m, w, a_row):
     """y[m + r] = vec_dot_bf16(w[m + r], a_row) for r < 4, bit for bit: each row's 32 lanes take
     vec_dot_bf16's products and adds in its order (block_ir.bf16x4_dot, explicit vectors); the
@@ -623,7 +624,7 @@ def _bf16(h):
 # activation row while the four weight rows stay in cache; the matmul drivers call it for whole
 # groups of four rows and rows_dot for the rest (matmul._row_groups).
 _FLOAT_ROWS_DOT = '''
-@kernel
+@kernel(nested=True)
 def rows_dot_{t}_{t}(y, m, w_row, a):
     """y[n, m] = vec_dot_{t}(w_row, a[n]) for every row n of a."""
     no_scratch = np.empty(0, np.int32)  # (the float dots use none)
@@ -631,7 +632,7 @@ def rows_dot_{t}_{t}(y, m, w_row, a):
         y[n, m] = vec_dot_{t}(w_row, a[n], no_scratch)
 
 
-@kernel
+@kernel(nested=True)
 def rows_dot4_{t}_{t}(y, m, w, a):
     """y[n, m + r] = vec_dot_{t}(w[m + r], a[n]) for r < 4 and every row n of a, bit for bit
     (vec_dot4_{t} per activation row)."""

@@ -1,8 +1,8 @@
 """Activation converters: one float32 row -> the block bytes ggml's vec_dot consumes.
 
-Each is ``quantize_row_T(out: uint8[:], x: float32[:])`` (plain ``@kernel``), output
-first; ``out`` holds exactly ``len(x) // block * block_bytes`` bytes. The caller (matmul.py)
-validates sizes. Q8_K lives in kquants.py.
+Each is ``quantize_row_T(out: uint8[:], x: float32[:])`` (``@kernel(nested=True)``: the drivers of
+matmul.py call it), output first; ``out`` holds exactly ``len(x) // block * block_bytes`` bytes.
+The caller (matmul.py) validates sizes. Q8_K lives in kquants.py.
 """
 
 import numpy as np
@@ -44,7 +44,7 @@ def _q8_block_scale(out, x, b, o):
     return d, idv
 
 
-@kernel
+@kernel(nested=True)
 def quantize_row_q8_0(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_0 blocks in out (uint8 [K/32*34]).
 
@@ -60,7 +60,7 @@ def quantize_row_q8_0(out, x):
             out[o + 2 + j] = np.uint8(_sat8(_cvt_i32(x[b * QK8_0 + j] * idv)) & 0xFF)
 
 
-@kernel
+@kernel(nested=True)
 def quantize_row_q8_1(out, x):
     """Quantize x (float32 [K], K % 32 == 0) to Q8_1 blocks in out (uint8 [K/32*36]).
 
@@ -82,7 +82,7 @@ def quantize_row_q8_1(out, x):
         out[o + 3] = np.uint8(hs >> np.uint16(8))
 
 
-@kernel
+@kernel(nested=True)
 def quantize_row_f16(out, x):
     """Round x (float32 [K]) to F16 (round to nearest even) into out (uint8 [2K], little endian).
 
@@ -94,7 +94,7 @@ def quantize_row_f16(out, x):
         o16[i] = f32_to_f16_bits(x[i], xb[i])
 
 
-@kernel
+@kernel(nested=True)
 def quantize_row_bf16(out, x):
     """Round x (float32 [K]) to BF16 (round to nearest even) into out (uint8 [2K]).
 
@@ -106,7 +106,7 @@ def quantize_row_bf16(out, x):
         o16[i] = f32_to_bf16_bits(xb[i])
 
 
-@kernel
+@kernel(nested=True)
 def quantize_row_f32(out, x):
     """Copy x (float32 [K]) into out (uint8 [4K]) unchanged: F32 weights take float activations."""
     copy_u32(out.view(np.uint32), x.view(np.uint32))
