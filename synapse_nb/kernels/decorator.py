@@ -13,11 +13,11 @@ compiled or cached:
   * ``nested=True``: a kernel that only other kernels call (a callee, not inlined at Numba's level;
     or a kernel called by address, native.call_at). Numba compiles every function it is asked to
     with two wrappers, one that Python calls (boxing and unboxing each argument) and one of the C
-    ABI; a callee needs neither, and they were ~40 ms of each such function's compile (of a first
-    run's ~20). Compiled without them (Numba's own no_cpython_wrapper and no_cfunc_wrapper, as its
-    @overload implementations are), its code is the same; a call from Python, which would jump to
-    the missing wrapper, raises TypeError instead (NestedDispatcher); python_call makes one
-    callable from a test.
+    ABI; a callee needs neither, and they were ~40 ms of each such function's compile (25-30 such
+    functions in a first run). Compiled without them (Numba's own no_cpython_wrapper and
+    no_cfunc_wrapper, as its @overload implementations are), its code is the same; a call from
+    Python, which would jump to the missing wrapper, raises TypeError instead (NestedDispatcher);
+    python_call makes one callable from a test.
 Other njit options (inline, parallel, ...) pass through; cache and error_model may not be given.
 """
 
@@ -61,7 +61,7 @@ def kernel(fn=None, *, nested=False, **options):
 
     def decorate(f):
         d = dec(f)
-        if nested:
+        if nested:  # (njit has no argument for the dispatcher's class; NestedDispatcher adds no state)
             d.__class__ = NestedDispatcher
         return d
 

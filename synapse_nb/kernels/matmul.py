@@ -12,10 +12,11 @@ DRIVER DESIGN AND ROW-FUNCTION CONTRACT
   (kernels/native.py: an address is an int64 argument, which caches), so that a format does not
   compile a parallel region of its own (``Chunked``). The source of each driver is generated from
   its template with the format's row-function names and compiled with this module's file name, so
-  Numba's cache finds it again in a new process (its index key is the function's bytecode, the same in
-  every process). The formats, and which module holds each one's row functions, come from
+  Numba's cache finds it again in a new process (its index key is the function's bytecode, the
+  same in every process). The formats, and which module holds each one's row functions, come from
   synapse_nb.formats (the one table of formats); ``KERNELS`` is built from it.
-* Row functions are plain ``@njit(cache=True)`` functions on raw bytes, output first:
+* Row functions are ``@kernel(nested=True)`` functions (called by the drivers, never from Python)
+  on raw bytes, output first:
     dequantize_row_T(out: float32[K], w_row: uint8[row_bytes]) -> None
     vec_dot_T(w_row: uint8[row_bytes], a_row: uint8[act_row_bytes], scratch: int32[:]) -> float32
     quantize_row_A(out: uint8[act_row_bytes], x: float32[K]) -> None       (A = vec_dot_type)
