@@ -346,8 +346,9 @@ def _weight_kernels(fmt) -> Kernels:
     one = _row_groups(groups, single, per_row=True)
     # a block format's matvec of whole four-row groups, without the single-row function (0.27-0.29
     # s of its compile, for a weight whose rows are not a multiple of 4: no real model's so far),
-    # beside the one with it, compiled only for a model that has such a weight
-    mv_rows = 4 if groups and single is not None else 1
+    # beside the one with it, compiled only for a model that has such a weight (mv_rows: the
+    # group's width, which mv's rows must be a multiple of, as no row is left to a single call)
+    mv_rows = groups[0][0] if groups and single is not None else 1
     if mv_rows > 1:
         _chunk_kernel(_MV_CHUNK, "_mv_any_", fmt.stem, one, mod, "y1, w1, y2, w2, y3, w3, a, n_scratch")
         one = _row_groups(groups, "", per_row=True)
