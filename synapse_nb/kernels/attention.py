@@ -57,7 +57,8 @@ from .decorator import kernel
 from .native import call_at, flat, kind, native_fn
 from .ops import EXPF_C1, EXPF_C2, EXPF_C3, EXPF_C4, EXPF_C5, EXPF_LN2_HI, EXPF_LN2_LO, EXPF_LOG2E
 from .scalar import f16_to_f32, f32_bits, f32_to_f16_bits, fma32
-from .simd import f16_bits16, f16_round16, ir_f16_vec_to_f32, ir_f32_to_f16, ir_prefetch, ir_reduce_add_16
+from .simd import (HOST_FEATURES, f16_bits16, f16_round16, ir_f16_vec_to_f32, ir_f32_to_f16, ir_prefetch,
+                   ir_reduce_add_16)
 
 _F32 = np.float32
 
@@ -265,7 +266,6 @@ _V16I = ir.VectorType(_I32, 16)
 # Measured on V chains read from DRAM: 17 GB/s without, 35 GB/s at 8 KiB (a plain read: ~52).
 PREFETCH_AHEAD = 4096
 PREFETCH_K = 4096
-QK_UNROLL = 2  # lane pairs per iteration of qk16's loop: about +10% on q.k over 1, as fast as all 8
 # (head_dim 256, n64 = 4: 1, whose loop body is already 4x as long; Gemma 3's decode row 128-143 and
 # 136-140 us a layer at n_kv 1001 in alternating runs, its decode kernel's compile 0.25-0.8 s shorter)
 
@@ -329,7 +329,12 @@ def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
     then (acc0 + acc2) + (acc1 + acc3) and _mm512_reduce_add_ps's tree: _qk_scores's
     operations, vectorized over positions. The lanes are taken in pairs (l, 8 + l), whose first
     stage sums are added at once (the tree's second stage); the remaining stages read those 8
-    sums back. Also prefetches the tile PREFETCH_AHEAD elements ahead."""
+    sums back. Also prefetches the tile PREFETCH_AHEAD elements ahead.
+
+    The code is emitted query after query (with hd_k 64 the four lanes' K converted once before
+    them; else lane after lane) so that what is live fits AVX2's 16 vector registers: emitted
+    lane by lane for all queries at once, 6-8 queries spilled (10.5 -> 7.1 cycles a score for 6
+    queries of 64 dims, 1 thread, K tiles in L2; 39 -> 35 for 8 of 256)."""
     R, S = _literal(nq), _literal(n64)
     if R is None or S is None:
         return None
@@ -354,27 +359,44 @@ def qk16(typingctx, sc, so, ss, kc, ko, q, qo, qs, ncol, nq, n64):
             pf = builder.gep(kp, [builder.add(kc0, builder.add(intp(PREFETCH_K), builder.mul(odd, intp(KT))))])
             for i in range(0, 64 * S, 2):
                 ir_prefetch(builder, builder.gep(pf, [intp(i * KT)]))
-            def lane(l, d):  # lane l + d of every query, after all steps
-                acc = [zero] * R
+
+            def kvec(lane, s):  # K at dim lane + 64 s, the column's 16 positions
+                return _f16x16(builder, kp, builder.add(kc0, builder.mul(builder.add(lane, intp(64 * s)), intp(KT))))
+
+            def lane_acc(ks, lane, r):  # lane `lane` of query r after all steps
+                acc = zero
                 for s in range(S):
-                    i = builder.add(l, intp(64 * s + d))
-                    k = _f16x16(builder, kp, builder.add(kc0, builder.mul(i, intp(KT))))
-                    acc = [_fma16(builder, k, _bcast16(builder, qb[r], i), acc[r]) for r in range(R)]
+                    acc = _fma16(builder, ks[s], _bcast16(builder, qb[r], builder.add(lane, intp(64 * s))), acc)
                 return acc
 
-            def first(l, d):  # r_{l+d} = (acc_{l+d} + acc_{32+l+d}) + (acc_{16+l+d} + acc_{48+l+d})
-                a, c = lane(l, d), lane(l, 32 + d)
-                b, e = lane(l, 16 + d), lane(l, 48 + d)
-                return [builder.fadd(builder.fadd(a[r], c[r]), builder.fadd(b[r], e[r])) for r in range(R)]
+            with cgutils.for_range(builder, intp(8)) as lp:
+                l = lp.index
+                for d in (8, 0):  # r_{l+8} into the stash first, then r_l added to it
+                    lanes = [builder.add(l, intp(d + o)) for o in (0, 32, 16, 48)]  # a, c, b, e
 
-            unroll = QK_UNROLL if S < 4 else 1
-            with cgutils.for_range(builder, intp(8 // unroll)) as lp:
-                for u in range(unroll):  # lanes l and 8 + l, unroll values of l per iteration
-                    l = builder.add(builder.mul(lp.index, intp(unroll)), intp(u))
-                    hi, lo = first(l, 8), first(l, 0)
-                    for r in range(R):
+                    def stash_first(r, v):
                         dst = builder.gep(stash, [builder.add(builder.mul(l, intp(R)), intp(r))])
-                        builder.store(builder.fadd(hi[r], lo[r]), dst)
+                        builder.store(v if d == 8 else builder.fadd(builder.load(dst), v), dst)
+
+                    if S == 1:  # the four lanes' K (8 registers), then one query after another
+                        ks = [[kvec(lane, 0)] for lane in lanes]
+                        for r in range(R):
+                            a, c, b, e = (lane_acc(k, lane, r) for k, lane in zip(ks, lanes))
+                            stash_first(r, builder.fadd(builder.fadd(a, c), builder.fadd(b, e)))
+                    else:  # lane after lane (K of its S steps), each query's partial sums kept
+                        ac, b = [None] * R, [None] * R
+                        for j, lane in enumerate(lanes):
+                            ks = [kvec(lane, s) for s in range(S)]
+                            for r in range(R):
+                                v = lane_acc(ks, lane, r)
+                                if j == 0:
+                                    ac[r] = v
+                                elif j == 1:
+                                    ac[r] = builder.fadd(ac[r], v)
+                                elif j == 2:
+                                    b[r] = v
+                                else:
+                                    stash_first(r, builder.fadd(ac[r], builder.fadd(b[r], v)))
 
             def s_(l, r):
                 return builder.load(builder.gep(stash, [intp(l * R + r)]))
@@ -510,6 +532,18 @@ def _chunks(builder, n):
     return builder.sdiv(builder.add(n, n.type(15)), n.type(16))
 
 
+def _full_then_tail(builder, n, chunk):
+    """chunk(c, tail) for the 16-value chunks c of n values, in order: the full ones (tail False:
+    no lane masked), then the partial last one if n % 16 (tail True: its lanes past n are absent).
+    One loop with every chunk masked spent ~20 instructions a chunk on the mask (softmax of 3000
+    scores, 1 thread: 3.1 -> 2.4 cycles a score)."""
+    nfull = builder.sdiv(n, n.type(16))
+    with cgutils.for_range(builder, nfull) as loop:
+        chunk(loop.index, False)
+    with builder.if_then(builder.icmp_signed("!=", builder.srem(n, n.type(16)), n.type(0))):
+        chunk(nfull, True)
+
+
 @intrinsic
 def sm_max(typingctx, sc, so, n, scale):
     """Max over j < n of sc[so + j] * scale (float32): soft_max's scaled scores, their maximum as
@@ -522,12 +556,15 @@ def sm_max(typingctx, sc, so, n, scale):
         sp = builder.gep(_ptr(context, builder, signature.args[0], scv, ir.FloatType()), [sov])
         vscale, ninf = _splat(builder, scalev), _vconst(float("-inf"))
         mslot = cgutils.alloca_once_value(builder, ninf)
-        with cgutils.for_range(builder, _chunks(builder, nv)) as loop:
-            c = loop.index
+
+        def chunk(c, tail):
             s = builder.fmul(_vload(builder, sp, builder.mul(c, c.type(16))), vscale)
-            s = builder.select(_tail_mask(builder, c, nv), s, ninf)
+            if tail:
+                s = builder.select(_tail_mask(builder, c, nv), s, ninf)
             m = builder.load(mslot)
             builder.store(builder.select(builder.fcmp_ordered(">", s, m), s, m), mslot)
+
+        _full_then_tail(builder, nv, chunk)
         mv = builder.load(mslot)
         m = ir.Constant(ir.FloatType(), float("-inf"))
         for l in range(16):
@@ -550,13 +587,14 @@ def sm_exp(typingctx, sc, so, n, scale, mx):
         sp = builder.gep(_ptr(context, builder, signature.args[0], scv, ir.FloatType()), [sov])
         vscale, vmx = _splat(builder, scalev), _splat(builder, mxv)
         tslot = cgutils.alloca_once_value(builder, ir.Constant(ir.DoubleType(), 0.0))
-        with cgutils.for_range(builder, _chunks(builder, nv)) as loop:
-            c = loop.index
+
+        def chunk(c, tail):
             off = builder.mul(c, c.type(16))
             x = builder.fsub(builder.fmul(_vload(builder, sp, off), vscale), vmx)
-            valid = _tail_mask(builder, c, nv)
             fast, ok, nexp, j = _ir_v_expf(builder, x)
-            any_rare = builder.icmp_unsigned("!=", builder.bitcast(builder.and_(valid, builder.not_(ok)), _I16), _I16(0))
+            valid = _tail_mask(builder, c, nv) if tail else None
+            rare_lanes = builder.and_(valid, builder.not_(ok)) if tail else builder.not_(ok)
+            any_rare = builder.icmp_unsigned("!=", builder.bitcast(rare_lanes, _I16), _I16(0))
             bb0 = builder.basic_block
             with builder.if_then(any_rare, likely=False):
                 rare = builder.select(ok, fast, _ir_v_expf_rare(builder, nexp, j))
@@ -564,10 +602,13 @@ def sm_exp(typingctx, sc, so, n, scale, mx):
             e = builder.phi(_V16F)
             e.add_incoming(fast, bb0)
             e.add_incoming(rare, bb1)
-            e = builder.select(valid, e, _vconst(0.0))
+            if tail:
+                e = builder.select(valid, e, _vconst(0.0))
             _vstore(builder, e, sp, off)
-            chunk = builder.fpext(ir_reduce_add_16(builder, e), ir.DoubleType())
-            builder.store(builder.fadd(builder.load(tslot), chunk), tslot)
+            chunk_sum = builder.fpext(ir_reduce_add_16(builder, e), ir.DoubleType())
+            builder.store(builder.fadd(builder.load(tslot), chunk_sum), tslot)
+
+        _full_then_tail(builder, nv, chunk)
         return builder.load(tslot)
 
     return sig, codegen
@@ -605,9 +646,12 @@ def _softmax(sc, so, n_kv, kq_scale):
 # The vector kernels.
 # ---------------------------------------------------------------------------------------------
 
-# Queries per qk16 call, and per pv_chain call on 64 channels (dv 4: 24 accumulators in registers;
-# 7 queries, 28, measured slower in the kernels' context: spills).
+# Queries per qk16 call, and per _pv_lanes call (which runs them two at a time; the name is from
+# when one pv_chain took them all on 64 channels).
 QK_MAX_Q = 8
+# 16-channel groups of a two-query p.V chain (_pv_lane_range): 8 registers of accumulators, the
+# fewest that keep both fma units busy through its latency, whatever the vector width
+PV_PAIR_DV = 4 if HOST_FEATURES.get("avx512f") else 2
 PV_MAX_Q4 = 6
 # K tiles per decode q.k item.
 QK_TILES = 4
@@ -656,18 +700,33 @@ def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0
         s0 = m0 if n0 == 0 else _lane_steps(n0, l)
         s1 = _lane_steps(n1, l)
         if fresh != 0 or s1 > s0:
-            pv_chain(acc, ao + l * als, as_, fresh, vf, vo + l * vls, vs, wf, wo + l, ws, s0, s1, nq, dv)
+            a, v, w = ao + l * als, vo + l * vls, wo + l
+            for r in range(0, nq - 1, 2):  # two queries a chain, on PV_PAIR_DV * 16 channels
+                for c in range(0, 16 * dv, 16 * PV_PAIR_DV):
+                    pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 2, PV_PAIR_DV)
+            if nq % 2 == 1:  # the last query alone on 64 channels: 8 accumulators
+                r = nq - 1
+                for c in range(0, 16 * dv, 64):
+                    pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 1, 4)
 
 
 @kernel(nested=True)
 def _pv_lanes(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq, pa, pb):
-    """pv_chain on 64 channels (dv 4) for nq queries (the VectorPlan's literal pa or pb) on lanes
+    """The p.V chains on 64 channels for nq queries (the VectorPlan's literal pa or pb) on lanes
     l0..l1-1 in turn: lane l's accumulators at acc[ao + l * als] (queries as_ apart), its V rows
     at vf[vo + l * vls] (steps vs apart), its probabilities at wf[wo + l] (queries ws apart), its
     steps from m0 (n0 == 0) or _lane_steps(n0, l) up to _lane_steps(n1, l). A lane without a step
-    is skipped, unless fresh (its accumulators are then set to +0). Each lane's operations are a
-    call of pv_chain as before; one call for all the lanes, where a call per lane cost more than
-    the lane's few steps at short contexts."""
+    is skipped, unless fresh (its accumulators are then set to +0). One call for all the lanes,
+    where a call per lane cost more than the lane's few steps at short contexts.
+
+    A lane's chains are pv_chain calls of 8 accumulator registers each (two queries on 32 channels
+    with AVX2, on 64 with AVX-512: PV_PAIR_DV; an odd last query alone on 64), which the 16 vector
+    registers of AVX2 hold beside the V rows (the 32 of AVX-512 more than that): one call for
+    all nq queries on 64 channels (up to 24 accumulators) spilled, and fewer accumulators wait on
+    the fma's latency. Each accumulator's steps are the same, in the same order. Measured (a
+    lane's chains alone, 47 steps, 1 thread, GMAC/s): 3 queries 14.8 -> 35.6, 6 queries 15.5 ->
+    27.5; the prefill attention of 64 rows at n_kv 3000 on SmolLM2's heads, with qk16's change,
+    14.6 -> 9.0 ms a layer."""
     if nq == pa:
         _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pa, 4)
     else:
