@@ -266,8 +266,6 @@ _V16I = ir.VectorType(_I32, 16)
 # Measured on V chains read from DRAM: 17 GB/s without, 35 GB/s at 8 KiB (a plain read: ~52).
 PREFETCH_AHEAD = 4096
 PREFETCH_K = 4096
-# (head_dim 256, n64 = 4: 1, whose loop body is already 4x as long; Gemma 3's decode row 128-143 and
-# 136-140 us a layer at n_kv 1001 in alternating runs, its decode kernel's compile 0.25-0.8 s shorter)
 
 
 def _ptr(context, builder, aty, aval, elt):
@@ -704,7 +702,7 @@ def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0
             for r in range(0, nq - 1, 2):  # two queries a chain, on PV_PAIR_DV * 16 channels
                 for c in range(0, 16 * dv, 16 * PV_PAIR_DV):
                     pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 2, PV_PAIR_DV)
-            if nq % 2 == 1:  # the last query alone on 64 channels: 8 accumulators
+            if nq % 2 == 1:  # the last query alone on 64 channels (8 registers with AVX2)
                 r = nq - 1
                 for c in range(0, 16 * dv, 64):
                     pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 1, 4)
@@ -722,8 +720,8 @@ def _pv_lanes(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1,
     A lane's chains are pv_chain calls of 8 accumulator registers each (two queries on 32 channels
     with AVX2, on 64 with AVX-512: PV_PAIR_DV; an odd last query alone on 64), which the 16 vector
     registers of AVX2 hold beside the V rows (the 32 of AVX-512 more than that): one call for
-    all nq queries on 64 channels (up to 24 accumulators) spilled, and fewer accumulators wait on
-    the fma's latency. Each accumulator's steps are the same, in the same order. Measured (a
+    all nq queries on 64 channels (up to 6 x 4 accumulators of 16 floats, 48 ymm registers)
+    spilled, and fewer accumulators wait on the fma's latency. Each accumulator's steps are the same, in the same order. Measured (a
     lane's chains alone, 47 steps, 1 thread, GMAC/s): 3 queries 14.8 -> 35.6, 6 queries 15.5 ->
     27.5; the prefill attention of 64 rows at n_kv 3000 on SmolLM2's heads, with qk16's change,
     14.6 -> 9.0 ms a layer."""
