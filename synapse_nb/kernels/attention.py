@@ -693,19 +693,18 @@ def _qk_cols(sc, so, ss, kf, ko, qf, qo, qs, nblk, nq, n64):
 
 
 @kernel(inline="always")
-def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq, dv):
+def _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, nq):
     for l in range(l0, l1):
         s0 = m0 if n0 == 0 else _lane_steps(n0, l)
         s1 = _lane_steps(n1, l)
         if fresh != 0 or s1 > s0:
             a, v, w = ao + l * als, vo + l * vls, wo + l
-            for r in range(0, nq - 1, 2):  # two queries a chain, on PV_PAIR_DV * 16 channels
-                for c in range(0, 16 * dv, 16 * PV_PAIR_DV):
+            for r in range(0, nq - 1, 2):  # two queries a chain, on PV_PAIR_DV * 16 of the 64 channels
+                for c in range(0, 64, 16 * PV_PAIR_DV):
                     pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 2, PV_PAIR_DV)
-            if nq % 2 == 1:  # the last query alone on 64 channels (8 registers with AVX2)
+            if nq % 2 == 1:  # the last query alone on the 64 channels (8 registers with AVX2)
                 r = nq - 1
-                for c in range(0, 16 * dv, 64):
-                    pv_chain(acc, a + r * as_ + c, as_, fresh, vf, v + c, vs, wf, w + r * ws, ws, s0, s1, 1, 4)
+                pv_chain(acc, a + r * as_, as_, fresh, vf, v, vs, wf, w + r * ws, ws, s0, s1, 1, 4)
 
 
 @kernel(nested=True)
@@ -721,14 +720,14 @@ def _pv_lanes(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1,
     with AVX2, on 64 with AVX-512: PV_PAIR_DV; an odd last query alone on 64), which the 16 vector
     registers of AVX2 hold beside the V rows (the 32 of AVX-512 more than that): one call for
     all nq queries on 64 channels (up to 6 x 4 accumulators of 16 floats, 48 ymm registers)
-    spilled, and fewer accumulators wait on the fma's latency. Each accumulator's steps are the same, in the same order. Measured (a
-    lane's chains alone, 47 steps, 1 thread, GMAC/s): 3 queries 14.8 -> 35.6, 6 queries 15.5 ->
-    27.5; the prefill attention of 64 rows at n_kv 3000 on SmolLM2's heads, with qk16's change,
-    14.6 -> 9.0 ms a layer."""
+    spilled, and fewer accumulators wait on the fma's latency. Each accumulator's steps are the
+    same, in the same order. Measured (a lane's chains alone, 47 steps, 1 thread, GMAC/s): 3
+    queries 14.8 -> 35.6, 6 queries 15.5 -> 27.5; the prefill attention of 64 rows at n_kv 3000 on
+    SmolLM2's heads, with qk16's change, 14.6 -> 9.0 ms a layer."""
     if nq == pa:
-        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pa, 4)
+        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pa)
     else:
-        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pb, 4)
+        _pv_lane_range(acc, ao, als, as_, fresh, vf, vo, vls, vs, wf, wo, ws, n0, m0, n1, l0, l1, pb)
 
 
 def _chunk_size(n, cap):
