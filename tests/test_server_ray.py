@@ -8,8 +8,11 @@ Every loop and wait here is bounded.
 """
 
 import concurrent.futures
+import json
 import os
 import signal
+import socket
+import threading
 import time
 
 import httpx
@@ -23,7 +26,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 pytestmark = pytest.mark.slow  # a Ray cluster and two Serve replicas for the module
 
 MODEL = "smollm2-135m-instruct-q4_1"
-N_CTX = 512
+N_CTX = 4096  # room for the LONG requests of the disconnect test
 
 
 def _proc_table() -> dict:
@@ -132,42 +135,95 @@ def _slots_busy(url) -> set:
 
 
 def test_client_disconnect_cancels_on_the_replica(server):
-    # 4 long streams on the 2 x 2 slots; dropped, every slot is free again (bounded: 20 s)
+    # 4 long streams on the 2 x 2 slots, then 4 requests that are not streamed, each dropped by its
+    # client while it is being generated: every slot is free again and the replicas idle within
+    # CANCELLED_WITHIN seconds, far sooner than the ~LONG tokens left would take on any host
+    replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
+    body = {"max_tokens": LONG, "ignore_eos": True}
     with httpx.Client(timeout=60) as cl:
         streams, lines = [], []
         for i in range(4):
-            cm = cl.stream("POST", server.url + "/v1/completions", json={"prompt": [1, 5 + i], "max_tokens": 400,
-                                                                         "ignore_eos": True, "stream": True})
+            cm = cl.stream("POST", server.url + "/v1/completions", json={"prompt": [1, 5 + i], "stream": True, **body})
             r = cm.__enter__()
             lines.append(r.iter_lines())
             next(lines[-1])
             streams.append(cm)
-        assert any(any(t) for t in _slots_busy(server.url))  # (Serve may route 3 + 1: not every slot)
+        assert max(_cpu_used(replicas).values()) > BUSY_CPU
         for cm in streams:
             cm.__exit__(None, None, None)
-    deadline = time.monotonic() + 20
-    while _slots_busy(server.url) != {(False, False)} and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _slots_busy(server.url) == {(False, False)}
-    # the same for requests that are not streamed: the client gives up, the slots are freed
-    with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        def give_up(i):
-            with pytest.raises(httpx.ReadTimeout):
-                httpx.post(server.url + "/v1/completions", json={"prompt": [1, 9 + i], "max_tokens": 400,
-                                                                 "ignore_eos": True}, timeout=3)
-        futs = [ex.submit(give_up, i) for i in range(4)]
-        time.sleep(1.5)
-        assert any(any(t) for t in _slots_busy(server.url))
-        for f in futs:
-            f.result(timeout=30)
-    deadline = time.monotonic() + 20
-    while _slots_busy(server.url) != {(False, False)} and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _slots_busy(server.url) == {(False, False)}
+    _assert_cancelled(server, replicas)
+    socks = [_post_raw(server.url, {"prompt": [1, 9 + i], **body}) for i in range(4)]
+    try:
+        deadline = time.monotonic() + 60
+        while max(_cpu_used(replicas).values()) <= BUSY_CPU and time.monotonic() < deadline:
+            pass
+        assert max(_cpu_used(replicas).values()) > BUSY_CPU, [_received(s) for s in socks]
+        for s in socks:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):  # nothing received: the request is still being generated
+                s.recv(1)
+    finally:
+        for s in socks:
+            s.close()
+    _assert_cancelled(server, replicas)
+
+
+# Tokens of a request that its client drops: at 300 tokens/s (twice the 154 measured here for one
+# stream alone on a replica) still 13 s of generation, against CANCELLED_WITHIN.
+LONG = 4000
+CANCELLED_WITHIN = 8
+BUSY_CPU = 0.1  # CPU seconds over _cpu_used's 0.3 s: a replica that computes (an idle one: ~0)
+
+
+def _cpu_used(pids, dt: float = 0.3) -> dict:
+    """{pid: CPU seconds (user + system) the process used over the next dt seconds}."""
+    before = {p: _cpu_seconds(p) for p in pids}
+    time.sleep(dt)
+    return {p: _cpu_seconds(p) - before[p] for p in pids}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far, in seconds (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _assert_cancelled(server, replicas):
+    """Within CANCELLED_WITHIN seconds, /slots shows every slot free and no replica computes."""
+    deadline = time.monotonic() + CANCELLED_WITHIN
+    while time.monotonic() < deadline:
+        if _slots_busy(server.url) == {(False, False)} and max(_cpu_used(replicas).values()) <= BUSY_CPU:
+            break
+    else:
+        raise AssertionError(f"still busy {CANCELLED_WITHIN} s after the clients left: "
+                             f"{_slots_busy(server.url)}, CPU seconds {_cpu_used(replicas)}")
+
+
+def _received(s: socket.socket) -> bytes:
+    """What s has received so far (for a failure's message)."""
+    s.settimeout(1)
+    try:
+        return s.recv(4096)
+    except OSError as e:
+        return repr(e).encode()
+
+
+def _post_raw(url, body) -> socket.socket:
+    """A socket that has sent POST /v1/completions with the JSON body and reads nothing: closing it is
+    a client that gives up (as one that times out does), whatever the server's speed."""
+    u = httpx.URL(url)
+    s = socket.create_connection((u.host, u.port), timeout=30)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (u.host.encode(), u.port, len(data), data))
+    return s
 
 
 def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
     replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
+
+    started = threading.Semaphore(0)
 
     def long_stream(i):
         n = 0
@@ -175,6 +231,8 @@ def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
             for _ in client.completions.create(model=MODEL, prompt=[1, 5 + i], max_tokens=400, temperature=0,
                                                extra_body={"ignore_eos": True}, stream=True):
                 n += 1
+                if n == 1:
+                    started.release()
         except openai.APIError as e:  # the broken stream: an error the client can handle
             return "error", type(e).__name__
         except Exception as e:  # noqa: BLE001 - reported: the test fails on anything else
@@ -182,9 +240,16 @@ def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
         return "done", n
 
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        futs = [ex.submit(long_stream, i) for i in range(4)]  # 4 streams on 2 x 2 slots: both replicas busy
-        time.sleep(4)
-        os.kill(replicas[0], signal.SIGKILL)
+        futs = [ex.submit(long_stream, i) for i in range(4)]  # 4 streams on the 2 x 2 slots
+        # Serve routes the streams by load (2 + 2, or 3 + 1 with one queued): once two have their
+        # first token, the replica that is computing (its CPU time grows) is killed mid-generation,
+        # ~400 tokens before its streams end, whatever the host's speed (a fixed wait let a fast host
+        # finish them first)
+        for _ in range(2):
+            assert started.acquire(timeout=120)
+        used = _cpu_used(replicas)
+        busy = max(used, key=used.get)
+        os.kill(busy, signal.SIGKILL)
         results = [f.result(timeout=240) for f in futs]
     assert not [r for r in results if r[0] == "other"], results
     assert [r for r in results if r[0] == "error"], results  # the killed replica's clients
@@ -206,7 +271,7 @@ def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
         if len(now) == 2 and set(now) != set(replicas):
             break
         time.sleep(1)
-    assert len(now) == 2 and replicas[0] not in now, now
+    assert len(now) == 2 and busy not in now, now
     server.ray_procs.update(_descendants(server.proc.pid))  # the new replica: to be gone after SIGTERM too
 
 
