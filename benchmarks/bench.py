@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -77,7 +78,14 @@ def _run(cmd, env=None, stdin=subprocess.DEVNULL) -> tuple[float, float, subproc
     p.returncode = os.waitstatus_to_exitcode(status)
     res = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({res.returncode}):\n{err.decode()[-2000:]}")
+        hint = ""
+        if res.returncode == -signal.SIGILL and "llama" in Path(str(cmd[0])).name:
+            # seen on a Sapphire Rapids VM (2026-12-05) whose CPU flags list amx_int8 but whose
+            # hypervisor traps the tile instructions: ggml's -march=native build uses them
+            hint = ("\nillegal instruction: this llama.cpp build uses an instruction the host does not run (AMX "
+                    "tiles, on a VM that lists amx flags?); rebuild it with CMAKE_C_FLAGS and CMAKE_CXX_FLAGS "
+                    "'-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' (cmake -S src -B src/build ... && ninja -C src/build)")
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({res.returncode}):\n{err.decode()[-2000:]}{hint}")
     return wall, ru.ru_maxrss / 1024.0, res
 
 
