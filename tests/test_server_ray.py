@@ -138,7 +138,7 @@ def test_client_disconnect_cancels_on_the_replica(server):
     # 4 long streams on the 2 x 2 slots, then 4 requests that are not streamed, each dropped by its
     # client while it is being generated: every slot is free again and the replicas idle within
     # CANCELLED_WITHIN seconds, far sooner than the ~LONG tokens left would take on any host
-    replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
+    replicas = _replica_pids(server)
     body = {"max_tokens": LONG, "ignore_eos": True}
     with httpx.Client(timeout=60) as cl:
         streams, lines = [], []
@@ -148,16 +148,13 @@ def test_client_disconnect_cancels_on_the_replica(server):
             lines.append(r.iter_lines())
             next(lines[-1])
             streams.append(cm)
-        assert max(_cpu_used(replicas).values()) > BUSY_CPU
+        assert _computing(replicas)
         for cm in streams:
             cm.__exit__(None, None, None)
     _assert_cancelled(server, replicas)
     socks = [_post_raw(server.url, {"prompt": [1, 9 + i], **body}) for i in range(4)]
     try:
-        deadline = time.monotonic() + 60
-        while max(_cpu_used(replicas).values()) <= BUSY_CPU and time.monotonic() < deadline:
-            pass
-        assert max(_cpu_used(replicas).values()) > BUSY_CPU, [_received(s) for s in socks]
+        assert _within(60, lambda: _computing(replicas)), [_received(s) for s in socks]
         for s in socks:
             s.setblocking(False)
             with pytest.raises(BlockingIOError):  # nothing received: the request is still being generated
@@ -173,6 +170,24 @@ def test_client_disconnect_cancels_on_the_replica(server):
 LONG = 4000
 CANCELLED_WITHIN = 8
 BUSY_CPU = 0.1  # CPU seconds over _cpu_used's 0.3 s: a replica that computes (an idle one: ~0)
+
+
+def _replica_pids(server) -> list:
+    """The pids of the Serve replicas started with the server (server.ray_procs)."""
+    return [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
+
+
+def _within(seconds: float, cond) -> bool:
+    """cond() again and again until it is true or `seconds` have passed; its last value."""
+    deadline = time.monotonic() + seconds
+    while not (ok := cond()) and time.monotonic() < deadline:
+        pass
+    return ok
+
+
+def _computing(replicas) -> bool:
+    """Whether some replica uses more than BUSY_CPU CPU seconds over the next 0.3 s."""
+    return max(_cpu_used(replicas).values()) > BUSY_CPU
 
 
 def _cpu_used(pids, dt: float = 0.3) -> dict:
@@ -191,11 +206,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _assert_cancelled(server, replicas):
     """Within CANCELLED_WITHIN seconds, /slots shows every slot free and no replica computes."""
-    deadline = time.monotonic() + CANCELLED_WITHIN
-    while time.monotonic() < deadline:
-        if _slots_busy(server.url) == {(False, False)} and max(_cpu_used(replicas).values()) <= BUSY_CPU:
-            break
-    else:
+    if not _within(CANCELLED_WITHIN, lambda: _slots_busy(server.url) == {(False, False)} and not _computing(replicas)):
         raise AssertionError(f"still busy {CANCELLED_WITHIN} s after the clients left: "
                              f"{_slots_busy(server.url)}, CPU seconds {_cpu_used(replicas)}")
 
@@ -221,7 +232,7 @@ def _post_raw(url, body) -> socket.socket:
 
 
 def test_killed_replica_gives_an_error_then_requests_succeed(server, client):
-    replicas = [p for p, (_, c) in server.ray_procs.items() if c.startswith("ray::ServeReplica")]
+    replicas = _replica_pids(server)
 
     started = threading.Semaphore(0)
 
